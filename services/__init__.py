@@ -1,0 +1,1 @@
+"""batchstream's services: api, inference and aggregator, each its own process."""

@@ -1,0 +1,1 @@
+"""Code used by more than one batchstream service: settings, message schemas, clients."""

@@ -1,0 +1,91 @@
+"""Kafka helpers shared by the services: JSON codecs, a producer, and topic creation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from pydantic import BaseModel
+
+from shared.settings import KafkaSettings
+from shared.topics import control_topic, requests_topic, results_topic
+
+log = logging.getLogger(__name__)
+
+
+def encode(message: BaseModel | dict[str, Any]) -> bytes:
+    if isinstance(message, BaseModel):
+        return message.model_dump_json(exclude_none=False).encode()
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes | None) -> dict[str, Any]:
+    value = json.loads(raw or b"null")
+    if not isinstance(value, dict):
+        raise ValueError("a message must be a JSON object")
+    return value
+
+
+def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "acks": "all",
+        "linger_ms": 5,
+        "max_batch_size": 1024 * 1024,
+        "max_request_size": 8 * 1024 * 1024,
+        "compression_type": None,
+    }
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
+    """Create the results, control and per-model requests topics if they do not exist."""
+    wanted = [
+        NewTopic(results_topic(settings), settings.results_partitions, settings.replication_factor),
+        NewTopic(
+            control_topic(settings),
+            settings.results_partitions,
+            settings.replication_factor,
+            topic_configs={"cleanup.policy": "compact"},
+        ),
+    ]
+    wanted += [
+        NewTopic(requests_topic(settings, m), settings.request_partitions, settings.replication_factor)
+        for m in models
+    ]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t for t in wanted if t.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+            log.info("created topics", extra={"topics": [t.name for t in missing]})
+    finally:
+        await admin.close()
+
+
+async def wait_for_kafka(settings: KafkaSettings, timeout_s: float = 30.0) -> None:
+    """Wait until the cluster answers metadata requests."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except KafkaConnectionError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+        finally:
+            await admin.close()

@@ -1,0 +1,46 @@
+"""MongoDB access through PyMongo's async API: one client, named collections, indexes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+
+from shared.settings import MongoSettings
+
+Document = dict[str, Any]
+
+
+class Mongo:
+    """The database and the collections batchstream keeps."""
+
+    def __init__(self, settings: MongoSettings) -> None:
+        self.client: AsyncMongoClient[Document] = AsyncMongoClient(
+            settings.uri, serverSelectionTimeoutMS=5000, tz_aware=False
+        )
+        self.db: AsyncDatabase[Document] = self.client[settings.database]
+
+    @property
+    def files(self) -> AsyncCollection[Document]:
+        return self.db["files"]
+
+    @property
+    def batches(self) -> AsyncCollection[Document]:
+        return self.db["batches"]
+
+    @property
+    def models(self) -> AsyncCollection[Document]:
+        return self.db["models"]
+
+    async def ensure_indexes(self) -> None:
+        await self.files.create_index([("project", ASCENDING), ("created_at", DESCENDING)])
+        await self.batches.create_index([("project", ASCENDING), ("created_at", DESCENDING)])
+        await self.batches.create_index([("status", ASCENDING)])
+
+    async def ping(self) -> None:
+        await self.client.admin.command("ping")
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -1,0 +1,147 @@
+"""Object storage (MinIO/S3) through the ``minio`` SDK, run in threads so the loop never blocks.
+
+Bodies stream in both directions: uploads read from a file object in parts, downloads yield chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator, Iterator
+from typing import IO, Any
+
+import urllib3
+from minio import Minio
+from minio.error import S3Error
+
+from shared.settings import StorageSettings
+
+PART_SIZE = 16 * 1024 * 1024
+READ_CHUNK = 256 * 1024
+
+
+class ObjectNotFound(Exception):
+    """The key does not exist in the bucket."""
+
+
+class ObjectStore:
+    """The bucket batchstream keeps file bytes and partial results in."""
+
+    def __init__(self, settings: StorageSettings) -> None:
+        self.bucket = settings.bucket
+        http = urllib3.PoolManager(
+            maxsize=32,
+            timeout=urllib3.Timeout(connect=5, read=120),
+            retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+        )
+        self.client = Minio(
+            settings.endpoint,
+            access_key=settings.access_key,
+            secret_key=settings.secret_key,
+            secure=settings.secure,
+            region=settings.region,
+            http_client=http,
+        )
+
+    async def ensure_bucket(self) -> None:
+        def create() -> None:
+            if not self.client.bucket_exists(self.bucket):
+                try:
+                    self.client.make_bucket(self.bucket)
+                except S3Error as exc:
+                    if exc.code not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                        raise
+
+        await asyncio.to_thread(create)
+
+    async def ping(self) -> None:
+        await asyncio.to_thread(self.client.bucket_exists, self.bucket)
+
+    async def put_stream(self, key: str, stream: IO[bytes], length: int = -1) -> int:
+        """Upload from a readable file object in parts; returns the byte count stored."""
+
+        def put() -> int:
+            result = self.client.put_object(
+                self.bucket, key, stream, length=length, part_size=PART_SIZE
+            )
+            del result
+            return int(self.client.stat_object(self.bucket, key).size or 0)
+
+        return await asyncio.to_thread(put)
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(
+            self.client.put_object, self.bucket, key, io.BytesIO(data), len(data)
+        )
+
+    async def put_file(self, key: str, path: str) -> int:
+        def put() -> int:
+            self.client.fput_object(self.bucket, key, path, part_size=PART_SIZE)
+            return int(self.client.stat_object(self.bucket, key).size or 0)
+
+        return await asyncio.to_thread(put)
+
+    async def get_file(self, key: str, path: str) -> None:
+        await asyncio.to_thread(self._translate, self.client.fget_object, self.bucket, key, path)
+
+    async def size(self, key: str) -> int:
+        stat = await asyncio.to_thread(self._translate, self.client.stat_object, self.bucket, key)
+        return int(stat.size or 0)
+
+    async def iter_chunks(self, key: str, chunk_size: int = READ_CHUNK) -> AsyncIterator[bytes]:
+        """Yield the object's bytes in chunks, holding one chunk at a time."""
+        response = await asyncio.to_thread(
+            self._translate, self.client.get_object, self.bucket, key
+        )
+        chunks: Iterator[bytes] = response.stream(chunk_size)
+        try:
+            while True:
+                chunk = await asyncio.to_thread(next, chunks, b"")
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            response.close()
+            response.release_conn()
+
+    async def iter_lines(self, key: str) -> AsyncIterator[bytes]:
+        """Yield the object's lines (without the newline), one at a time."""
+        pending = b""
+        async for chunk in self.iter_chunks(key):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line
+        if pending:
+            yield pending
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        def names() -> list[str]:
+            objects = self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
+            return [o.object_name for o in objects if o.object_name]
+
+        return await asyncio.to_thread(names)
+
+    async def delete(self, key: str) -> None:
+        await asyncio.to_thread(self.client.remove_object, self.bucket, key)
+
+    async def delete_prefix(self, prefix: str) -> None:
+        for key in await self.list_keys(prefix):
+            await self.delete(key)
+
+    @staticmethod
+    def _translate(func: Any, *args: Any) -> Any:
+        try:
+            return func(*args)
+        except S3Error as exc:
+            if exc.code in {"NoSuchKey", "NoSuchObject"}:
+                raise ObjectNotFound(args[1] if len(args) > 1 else "") from exc
+            raise
+
+
+def file_key(file_id: str) -> str:
+    return f"files/{file_id}"
+
+
+def result_chunk_prefix(batch_id: str) -> str:
+    return f"batches/{batch_id}/results/"
