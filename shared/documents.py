@@ -1,0 +1,41 @@
+"""Stored MongoDB documents: what the api writes and the aggregator and workers read or update.
+
+A stored batch document holds every public ``Batch`` field (``_id`` in place of ``id``) plus the
+internal fields below; a stored file document holds every ``FileObject`` field plus ``project`` and
+``object_key``. Internal fields never reach a response: the api builds public models from documents.
+
+Batch internal fields:
+- ``project``: the project that owns the batch (from the API key).
+- ``defaults``: ``SamplingDefaults`` as a dict (batch-level sampling defaults).
+- ``emitted``: True once every request message has been published (a restarted api re-emits
+  batches left ``in_progress`` with ``emitted`` False; duplicates are counted once downstream).
+
+Model documents (``models`` collection), upserted by inference workers as a heartbeat:
+``{_id: model_id, created: int, max_context_length: int, endpoints: [str], last_seen: float}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.protocol.openai import Batch, FileObject
+
+BATCH_INTERNAL_FIELDS = ("project", "defaults", "emitted")
+FILE_INTERNAL_FIELDS = ("project", "object_key")
+
+
+def batch_from_document(doc: dict[str, Any]) -> Batch:
+    fields = {k: v for k, v in doc.items() if k not in BATCH_INTERNAL_FIELDS and k != "_id"}
+    return Batch(id=doc["_id"], **fields)
+
+
+def file_from_document(doc: dict[str, Any]) -> FileObject:
+    fields = {k: v for k, v in doc.items() if k not in FILE_INTERNAL_FIELDS and k != "_id"}
+    return FileObject(id=doc["_id"], **fields)
+
+
+def file_document(public: FileObject, project: str, object_key: str) -> dict[str, Any]:
+    doc = public.model_dump()
+    doc["_id"] = doc.pop("id")
+    doc.update(project=project, object_key=object_key)
+    return doc
