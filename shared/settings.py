@@ -32,9 +32,7 @@ class RuntimeSettings(BaseSettings):
         if self.is_development:
             return
         if ApiSettings().keys == DEV_API_KEY or StorageSettings().secret_key == DEV_S3_SECRET:
-            raise ValueError(
-                "set BATCHSTREAM_API_KEYS and BATCHSTREAM_S3_SECRET_KEY outside development"
-            )
+            raise ValueError("set BATCHSTREAM_API_KEYS and BATCHSTREAM_S3_SECRET_KEY outside development")
 
 
 class KafkaSettings(BaseSettings):

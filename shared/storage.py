@@ -61,18 +61,14 @@ class ObjectStore:
         """Upload from a readable file object in parts; returns the byte count stored."""
 
         def put() -> int:
-            result = self.client.put_object(
-                self.bucket, key, stream, length=length, part_size=PART_SIZE
-            )
+            result = self.client.put_object(self.bucket, key, stream, length=length, part_size=PART_SIZE)
             del result
             return int(self.client.stat_object(self.bucket, key).size or 0)
 
         return await asyncio.to_thread(put)
 
     async def put_bytes(self, key: str, data: bytes) -> None:
-        await asyncio.to_thread(
-            self.client.put_object, self.bucket, key, io.BytesIO(data), len(data)
-        )
+        await asyncio.to_thread(self.client.put_object, self.bucket, key, io.BytesIO(data), len(data))
 
     async def put_file(self, key: str, path: str) -> int:
         def put() -> int:
@@ -90,9 +86,7 @@ class ObjectStore:
 
     async def iter_chunks(self, key: str, chunk_size: int = READ_CHUNK) -> AsyncIterator[bytes]:
         """Yield the object's bytes in chunks, holding one chunk at a time."""
-        response = await asyncio.to_thread(
-            self._translate, self.client.get_object, self.bucket, key
-        )
+        response = await asyncio.to_thread(self._translate, self.client.get_object, self.bucket, key)
         chunks: Iterator[bytes] = response.stream(chunk_size)
         try:
             while True:

@@ -1,0 +1,83 @@
+"""The api service: ``create_app()`` builds the FastAPI app; clients live in its lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import Counter, Histogram
+
+from services.api.errors import install_error_handlers
+from services.api.routes import batches, files, health, models
+from services.api.service.batches import BatchService
+from services.api.service.emitter import RequestEmitter
+from services.api.service.files import FileService
+from shared.kafka import make_producer, wait_for_kafka
+from shared.logging import configure_logging
+from shared.mongo import Mongo
+from shared.settings import (
+    ApiSettings,
+    KafkaSettings,
+    MongoSettings,
+    RuntimeSettings,
+    StorageSettings,
+)
+from shared.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter("batchstream_api_requests_total", "HTTP requests", ["method", "route", "status"])
+LATENCY = Histogram("batchstream_api_request_seconds", "HTTP request latency", ["method", "route"])
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    api_settings, kafka_settings = ApiSettings(), KafkaSettings()
+    mongo = Mongo(MongoSettings())
+    store = ObjectStore(StorageSettings())
+    await wait_for_kafka(kafka_settings)
+    producer = make_producer(kafka_settings)
+    await producer.start()
+    try:
+        await mongo.ensure_indexes()
+        await store.ensure_bucket()
+        file_service = FileService(mongo, store, api_settings)
+        batch_service = BatchService(
+            mongo, store, file_service, RequestEmitter(producer, kafka_settings), api_settings
+        )
+        app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
+        app.state.files, app.state.batches = file_service, batch_service
+        app.state.projects = api_settings.project_by_key()
+        await batch_service.recover()
+        log.info("api ready", extra={"port": api_settings.port})
+        yield
+        await batch_service.shutdown()
+    finally:
+        await producer.stop()
+        await mongo.close()
+
+
+async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    with LATENCY.labels(request.method, _route(request)).time():
+        response = await call_next(request)
+    REQUESTS.labels(request.method, _route(request), response.status_code).inc()
+    return response
+
+
+def _route(request: Request) -> str:
+    route = request.scope.get("route")
+    return getattr(route, "path", "unmatched")
+
+
+def create_app() -> FastAPI:
+    runtime = RuntimeSettings()
+    configure_logging("api", runtime.log_level)
+    runtime.check_secrets()
+    app = FastAPI(title="batchstream", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.middleware("http")(_observe)
+    for module in (files, batches, models, health):
+        app.include_router(module.router)
+    return app

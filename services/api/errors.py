@@ -1,0 +1,78 @@
+"""The one place exceptions become HTTP responses, always in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from minio.error import S3Error
+from pymongo.errors import ConnectionFailure, ServerSelectionTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared.errors import BatchstreamError, DependencyUnavailable
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = "2"
+
+
+def error_response(error: BatchstreamError) -> JSONResponse:
+    headers = {"retry-after": RETRY_AFTER_S} if error.status_code == 503 else None
+    return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
+
+
+def _param(loc: tuple[str | int, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(BatchstreamError)
+    async def _known(_: Request, exc: BatchstreamError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = _param(tuple(first.get("loc", ())))
+        message = f"{first.get('msg', 'Invalid request')}" + (f" ({param})" if param else "")
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "invalid_value" if first.get("type") != "missing" else "missing_required_parameter",
+            }
+        }
+        return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        body = {
+            "error": {
+                "message": str(exc.detail),
+                "type": "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(ConnectionFailure)
+    @app.exception_handler(ServerSelectionTimeoutError)
+    async def _mongo_down(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("mongodb unavailable: %s", exc)
+        return error_response(DependencyUnavailable("The database is unavailable; retry shortly."))
+
+    @app.exception_handler(S3Error)
+    async def _storage(_: Request, exc: S3Error) -> JSONResponse:
+        log.warning("object storage error: %s", exc)
+        return error_response(DependencyUnavailable("Object storage is unavailable; retry shortly."))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(BatchstreamError("The server had an error processing the request."))

@@ -1,0 +1,38 @@
+"""Batches endpoints: thin; the logic lives in service/batches.py."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from services.api.deps import Batches, Project
+from services.api.schemas import BatchCreateParams
+from shared.protocol.openai import Batch, ListObject
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+@router.post("", response_model=Batch)
+async def create_batch(project: Project, batches: Batches, params: BatchCreateParams) -> Batch:
+    return await batches.create(project, params)
+
+
+@router.get("", response_model=ListObject)
+async def list_batches(
+    project: Project,
+    batches: Batches,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> ListObject:
+    return await batches.list(project, after, limit)
+
+
+@router.get("/{batch_id}", response_model=Batch)
+async def retrieve_batch(project: Project, batches: Batches, batch_id: str) -> Batch:
+    return await batches.get(project, batch_id)
+
+
+@router.post("/{batch_id}/cancel", response_model=Batch)
+async def cancel_batch(project: Project, batches: Batches, batch_id: str) -> Batch:
+    return await batches.cancel(project, batch_id)

@@ -1,0 +1,60 @@
+"""Files endpoints: thin; the logic lives in service/files.py."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import StreamingResponse
+
+from services.api.deps import Files, Project
+from shared.protocol.openai import FileDeleted, FileObject, ListObject
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+@router.post("", response_model=FileObject)
+async def upload_file(
+    project: Project,
+    files: Files,
+    file: Annotated[UploadFile, File()],
+    purpose: Annotated[str, Form()],
+    expires_after_seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
+) -> FileObject:
+    return await files.upload(
+        project,
+        file.file,
+        file.size,
+        file.filename or "upload",
+        purpose,
+        expires_after_seconds,
+    )
+
+
+@router.get("", response_model=ListObject)
+async def list_files(
+    project: Project,
+    files: Files,
+    purpose: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> ListObject:
+    return await files.list(project, purpose, limit, order, after)
+
+
+@router.get("/{file_id}", response_model=FileObject)
+async def retrieve_file(project: Project, files: Files, file_id: str) -> FileObject:
+    return await files.get(project, file_id)
+
+
+@router.delete("/{file_id}", response_model=FileDeleted)
+async def delete_file(project: Project, files: Files, file_id: str) -> FileDeleted:
+    await files.delete(project, file_id)
+    return FileDeleted(id=file_id)
+
+
+@router.get("/{file_id}/content")
+async def file_content(project: Project, files: Files, file_id: str) -> StreamingResponse:
+    chunks = await files.content(project, file_id)
+    return StreamingResponse(chunks, media_type="application/octet-stream")

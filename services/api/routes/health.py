@@ -1,0 +1,43 @@
+"""Liveness of the api and its dependencies, and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+router = APIRouter(tags=["health"])
+log = logging.getLogger(__name__)
+CHECK_TIMEOUT_S = 3.0
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    state = request.app.state
+    checks = {
+        "mongodb": state.mongo.ping(),
+        "object_storage": state.store.ping(),
+        "kafka": state.producer.client.fetch_all_metadata(),
+    }
+    down: list[str] = []
+    for name, check in checks.items():
+        try:
+            await asyncio.wait_for(check, CHECK_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("health check failed", extra={"dependency": name, "error": str(exc)})
+            down.append(name)
+    if down:
+        return JSONResponse(
+            {"status": "unhealthy", "unavailable": down},
+            status_code=503,
+            headers={"retry-after": "2"},
+        )
+    return JSONResponse({"status": "healthy"})
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,28 @@
+"""Request bodies the api accepts (the public response models live in shared/protocol/openai.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from shared.protocol.messages import SamplingDefaults
+
+
+class ExpiresAfter(BaseModel):
+    anchor: Literal["created_at"] = "created_at"
+    seconds: int
+
+
+class BatchCreateParams(SamplingDefaults):
+    """``POST /v1/batches``. The sampling defaults are batchstream's extension (CONTRACT.md)."""
+
+    model_config = ConfigDict(extra="ignore")
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: Any = None
+    output_expires_after: ExpiresAfter | None = None
+
+    def defaults(self) -> SamplingDefaults:
+        return SamplingDefaults.model_validate(self.model_dump(include=set(SamplingDefaults.model_fields)))

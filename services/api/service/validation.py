@@ -1,0 +1,148 @@
+"""Validation of a batch input file, line by line, before any line runs.
+
+OpenAI's rule: any invalid line fails the batch, and every bad line is reported with its 1-based
+line number, code and param. The validator streams: it holds the set of custom_ids, not the lines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Container
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.protocol.openai import BatchError
+
+_BODY_FIELDS_BY_ENDPOINT: dict[str, str] = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+}
+
+
+@dataclass
+class ValidationReport:
+    """What one pass over the input file found."""
+
+    lines: int = 0
+    model: str | None = None
+    errors: list[BatchError] = field(default_factory=list)
+    error_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0
+
+
+@dataclass
+class InputValidator:
+    endpoint: str
+    known_models: Container[str]
+    max_lines: int
+    max_reported_errors: int
+    _custom_ids: set[str] = field(default_factory=set)
+    _report: ValidationReport = field(default_factory=ValidationReport)
+
+    async def run(self, lines: AsyncIterator[bytes]) -> ValidationReport:
+        number = 0
+        async for raw in lines:
+            number += 1
+            if not raw.strip():
+                continue
+            self._report.lines += 1
+            self._check_line(number, raw)
+        if self._report.lines == 0:
+            self._error(None, "empty_file", "The input file has no request lines.")
+        elif self._report.lines > self.max_lines:
+            self._error(
+                None,
+                "too_many_tasks",
+                f"The input file has {self._report.lines} lines; the limit is {self.max_lines}.",
+            )
+        return self._report
+
+    def _error(self, line: int | None, code: str, message: str, param: str | None = None) -> None:
+        self._report.error_count += 1
+        if len(self._report.errors) < self.max_reported_errors:
+            self._report.errors.append(BatchError(code=code, message=message, param=param, line=line))
+
+    def _check_line(self, number: int, raw: bytes) -> None:
+        try:
+            item = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            self._error(number, "invalid_json_line", "This line is not valid JSON.")
+            return
+        if not isinstance(item, dict):
+            self._error(number, "invalid_json_line", "Each line must be a JSON object.")
+            return
+        if self._check_envelope(number, item):
+            self._check_body(number, item["body"])
+
+    def _check_envelope(self, number: int, item: dict[str, Any]) -> bool:
+        """Check custom_id, method, url and body; True when the body can be looked into."""
+        custom_id = item.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            self._error(number, "missing_required_parameter", "Missing custom_id.", "custom_id")
+        elif custom_id in self._custom_ids:
+            self._error(
+                number,
+                "duplicate_custom_id",
+                f"custom_id {custom_id!r} is not unique.",
+                "custom_id",
+            )
+        else:
+            self._custom_ids.add(custom_id)
+        if item.get("method") is None:
+            self._error(number, "missing_required_parameter", "Missing method.", "method")
+        elif item["method"] != "POST":
+            self._error(number, "invalid_request", "Only the POST method is supported.", "method")
+        url = item.get("url")
+        if url is None:
+            self._error(number, "missing_required_parameter", "Missing url.", "url")
+        elif url != self.endpoint:
+            self._error(
+                number,
+                "invalid_url",
+                f"The url {url!r} does not match the batch endpoint {self.endpoint!r}.",
+                "url",
+            )
+        body = item.get("body")
+        if body is None:
+            self._error(number, "missing_required_parameter", "Missing body.", "body")
+            return False
+        if not isinstance(body, dict):
+            self._error(number, "invalid_request", "body must be a JSON object.", "body")
+            return False
+        return True
+
+    def _check_body(self, number: int, body: dict[str, Any]) -> None:
+        if body.get("stream") is True:
+            self._error(
+                number,
+                "streaming_unsupported",
+                "Streaming is not supported in batches.",
+                "body.stream",
+            )
+        required = _BODY_FIELDS_BY_ENDPOINT.get(self.endpoint)
+        if required and required not in body:
+            self._error(
+                number,
+                "invalid_request",
+                f"The body must contain {required!r} for {self.endpoint}.",
+                f"body.{required}",
+            )
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            self._error(number, "missing_required_parameter", "Missing body.model.", "body.model")
+            return
+        if model not in self.known_models:
+            self._error(number, "model_not_found", f"The model {model!r} does not exist.", "body.model")
+        if self._report.model is None:
+            self._report.model = model
+        elif model != self._report.model:
+            self._error(
+                number,
+                "mismatched_model",
+                f"Every line must use the same model; saw {model!r} after {self._report.model!r}.",
+                "body.model",
+            )
