@@ -1,0 +1,1 @@
+"""The aggregator: counts each result line once, writes result chunks, finalizes batches."""

@@ -1,0 +1,60 @@
+"""``python -m services.aggregator``: prepare topics and bucket, then run one faust worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import faust
+
+from services.aggregator.app import app, config, kafka_settings
+from shared.kafka import ensure_topics, wait_for_kafka
+from shared.settings import RuntimeSettings, StorageSettings
+from shared.storage import ObjectStore
+
+log = logging.getLogger("services.aggregator")
+
+
+def logging_config(level: str) -> dict[str, Any]:
+    """JSON lines on stderr (shared.logging's formatter), installed by faust's worker."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "shared.logging.JsonFormatter"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
+        "root": {"handlers": ["stderr"], "level": level.upper()},
+        "loggers": {
+            "aiokafka": {"level": "WARNING"},
+            "faust": {"level": "WARNING" if level.upper() != "DEBUG" else "DEBUG"},
+            "mode": {"level": "WARNING" if level.upper() != "DEBUG" else "DEBUG"},
+        },
+    }
+
+
+async def prepare() -> None:
+    """Results and control topics with their partition counts, and the bucket, before joining."""
+    await wait_for_kafka(kafka_settings)
+    await ensure_topics(kafka_settings, [])
+    await ObjectStore(StorageSettings()).ensure_bucket()
+
+
+def main() -> None:
+    runtime_settings = RuntimeSettings()
+    runtime_settings.check_secrets()
+    asyncio.run(prepare())
+    import services.aggregator.agents  # noqa: F401  (registers agents, timers, pages)
+
+    worker = faust.Worker(
+        app,
+        loglevel=runtime_settings.log_level,
+        logging_config=logging_config(runtime_settings.log_level),
+        web_port=config.web_port,
+        web_bind=config.web_host,
+    )
+    log.info("aggregator starting", extra={"web_port": config.web_port})
+    worker.execute_from_commandline()
+
+
+if __name__ == "__main__":
+    main()

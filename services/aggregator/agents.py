@@ -1,0 +1,98 @@
+"""The results agent, the counts and sweep timers, and the /health and /metrics pages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+from faust import Stream
+from faust.types import EventT, StreamT
+from faust.types.signals import BaseSignalT
+from faust.web import Request, Response, View
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.aggregator.app import app, config, kafka_settings
+from services.aggregator.runtime import Runtime, partition_for
+from services.aggregator.tables import batch_states
+from services.aggregator.topics import results
+
+log = logging.getLogger(__name__)
+
+runtime = Runtime(config, batch_states)
+RETRY_MAX_S = 5.0
+
+
+@app.agent(results, concurrency=1)
+async def aggregate(stream: StreamT[bytes]) -> None:
+    """Process results in chunks; ack a chunk's events only once it is stored and counted.
+
+    ``noack_take`` leaves acking to us: a chunk cut short by a crash, an error or SIGTERM is
+    never acked, so its offsets are never committed and it is delivered again.
+    """
+    # faust types noack_take's items as values; they are the events.
+    chunks = cast(Stream[bytes], stream).noack_take(config.chunk_lines, within=config.chunk_seconds)
+    async for items in chunks:
+        events = cast(list[EventT[bytes]], items)
+        await _process_until_done([event.value for event in events])
+        for event in events:
+            await stream.ack(event)
+
+
+async def _process_until_done(values: list[Any]) -> None:
+    """Retry a chunk while a dependency is down; lines already counted are dropped on retry."""
+    delay = 0.2
+    while True:
+        try:
+            await runtime.ensure_bucket()
+            await runtime.processor.process(values)
+            return
+        except Exception:
+            log.exception("processing a chunk failed; retrying", extra={"retry_in_s": delay})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
+@app.timer(config.counts_flush_seconds)
+async def flush_counts() -> None:
+    try:
+        await runtime.counts.flush()
+    except Exception:
+        log.exception("counts flush failed; retrying at the next flush")
+
+
+def owns(batch_id: str) -> bool:
+    """True when this worker actively owns the batch's results partition."""
+    partition = partition_for(batch_id, kafka_settings.results_partitions)
+    return any(
+        tp.topic == results.get_topic_name() and tp.partition == partition
+        for tp in app.assignor.assigned_actives()
+    )
+
+
+@app.timer(config.sweep_seconds)
+async def sweep() -> None:
+    try:
+        due = await runtime.processor.sweep(owns)
+    except Exception:
+        log.exception("sweep failed")
+        return
+    if due:
+        log.info("sweep scheduled finalize", extra={"batch_ids": due})
+
+
+@app.page("/health")
+async def health(self: View, request: Request) -> Response:
+    if await runtime.healthy():
+        return self.json({"status": "healthy"})
+    return self.json({"status": "unhealthy"}, status=503)
+
+
+@app.page("/metrics")
+async def prometheus_metrics(self: View, request: Request) -> Response:
+    return self.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+
+@app.on_before_shutdown.connect  # type: ignore[arg-type]  # mode's stub wants a sync-or-awaitable union
+async def on_shutdown(sender: Any, *args: Any, signal: BaseSignalT[Any], **kwargs: Any) -> None:
+    await runtime.shutdown()

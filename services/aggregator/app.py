@@ -1,0 +1,46 @@
+"""The faust application, built once from the environment.
+
+``topics.py``, ``tables.py`` and ``agents.py`` attach to ``app``; ``__main__`` imports them in
+that order (no autodiscovery) and runs a worker.
+"""
+
+from __future__ import annotations
+
+import faust
+
+from services.aggregator.settings import AggregatorConfig
+from shared.settings import KafkaSettings
+
+
+def broker_urls(kafka: KafkaSettings) -> list[str]:
+    return [f"kafka://{host.strip()}" for host in kafka.bootstrap_servers.split(",") if host.strip()]
+
+
+def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
+    """A faust app whose internal topics have as many partitions as the results topic."""
+    return faust.App(
+        config.app_id,
+        broker=broker_urls(kafka),
+        store="memory://",
+        autodiscover=False,
+        datadir=config.data_dir,
+        topic_partitions=kafka.results_partitions,
+        topic_replication_factor=kafka.replication_factor,
+        topic_disable_leader=True,
+        table_standby_replicas=config.standby_replicas,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=config.session_timeout_s,
+        broker_heartbeat_interval=config.heartbeat_interval_s,
+        broker_rebalance_timeout=config.rebalance_timeout_s,
+        broker_commit_interval=config.commit_interval_s,
+        producer_max_batch_size=config.producer_max_batch_size,
+        web_enabled=True,
+        web_bind=config.web_host,
+        web_port=config.web_port,
+        web_host=config.web_host,
+    )
+
+
+config = AggregatorConfig()
+kafka_settings = KafkaSettings()
+app = create_app(config, kafka_settings)

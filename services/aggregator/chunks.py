@@ -1,0 +1,114 @@
+"""The result chunk format and the bounded-memory k-way merge that finalize runs over chunks.
+
+A chunk object holds one line per result, sorted by line number::
+
+    <line> <1 if succeeded else 0> <the output line as compact JSON>\\n
+
+The small header lets the merge order, dedupe and split lines without parsing the JSON, and
+compact JSON never holds a raw newline, so a record is exactly one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, NamedTuple
+
+from shared.protocol.messages import ResultMessage
+
+# At most this many chunk files are open at once; more are merged in passes.
+MERGE_FAN_IN = 64
+
+
+class Record(NamedTuple):
+    line: int
+    succeeded: bool
+    payload: bytes  # the output line, compact JSON, without the newline
+
+
+def encode_record(result: ResultMessage) -> bytes:
+    payload = json.dumps(result.output_line(), separators=(",", ":"), ensure_ascii=False)
+    return b"%d %d %s\n" % (result.line or 0, int(result.succeeded), payload.encode())
+
+
+def encode_chunk(results: Iterable[ResultMessage]) -> bytes:
+    """One chunk object's bytes; ``results`` must already be sorted by line."""
+    return b"".join(encode_record(r) for r in results)
+
+
+def parse_record(raw: bytes) -> Record:
+    line, succeeded, payload = raw.rstrip(b"\n").split(b" ", 2)
+    return Record(int(line), succeeded == b"1", payload)
+
+
+def read_records(stream: IO[bytes]) -> Iterator[Record]:
+    for raw in stream:
+        if raw.strip():
+            yield parse_record(raw)
+
+
+def dedupe(records: Iterable[Record]) -> Iterator[Record]:
+    """Keep the first record of each line of a line-ordered stream."""
+    for _, group in itertools.groupby(records, key=lambda r: r.line):
+        yield next(group)
+
+
+def merge_sorted(streams: Sequence[Iterable[Record]]) -> Iterator[Record]:
+    """Merge line-sorted streams, deduped by line; ties go to the earlier stream (stable)."""
+    return dedupe(heapq.merge(*streams, key=lambda r: r.line))
+
+
+def _merge_paths(paths: Sequence[Path]) -> Iterator[Record]:
+    with contextlib.ExitStack() as stack:
+        streams = [read_records(stack.enter_context(p.open("rb"))) for p in paths]
+        yield from merge_sorted(streams)
+
+
+def reduce_fan_in(paths: Sequence[Path], work_dir: Path, fan_in: int = MERGE_FAN_IN) -> list[Path]:
+    """Merge groups of files into intermediate files until at most ``fan_in`` remain.
+
+    Groups are contiguous, so a tie still goes to the chunk written first.
+    """
+    current = list(paths)
+    level = 0
+    while len(current) > fan_in:
+        merged: list[Path] = []
+        for start in range(0, len(current), fan_in):
+            target = work_dir / f"merge-{level}-{start}.chunk"
+            with target.open("wb") as out:
+                for record in _merge_paths(current[start : start + fan_in]):
+                    out.write(b"%d %d %s\n" % (record.line, int(record.succeeded), record.payload))
+            merged.append(target)
+        current, level = merged, level + 1
+    return current
+
+
+@dataclass
+class SplitResult:
+    completed: int = 0
+    failed: int = 0
+    output_bytes: int = 0
+    error_bytes: int = 0
+
+
+def merge_and_split(paths: Sequence[Path], work_dir: Path, output: Path, errors: Path) -> SplitResult:
+    """Merge chunk files into the output (200s) and error files, one line per line number."""
+    result = SplitResult()
+    sources = reduce_fan_in(paths, work_dir)
+    with output.open("wb") as out, errors.open("wb") as err:
+        for record in _merge_paths(sources):
+            data = record.payload + b"\n"
+            if record.succeeded:
+                out.write(data)
+                result.completed += 1
+                result.output_bytes += len(data)
+            else:
+                err.write(data)
+                result.failed += 1
+                result.error_bytes += len(data)
+    return result

@@ -1,0 +1,35 @@
+"""Prometheus metrics of the aggregator (the default registry, served at ``/metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+RESULTS_PROCESSED = Counter(
+    "batchstream_aggregator_results_processed_total",
+    "Result lines counted for the first time, by outcome.",
+    ["outcome"],
+)
+DUPLICATES_DROPPED = Counter(
+    "batchstream_aggregator_duplicates_dropped_total", "Result lines already counted."
+)
+LATE_RESULTS_DROPPED = Counter(
+    "batchstream_aggregator_late_results_dropped_total",
+    "Results for batches already terminal.",
+)
+INVALID_RESULTS = Counter(
+    "batchstream_aggregator_invalid_results_total",
+    "Results that could not be used, by reason.",
+    ["reason"],
+)
+CHUNKS_WRITTEN = Counter("batchstream_aggregator_chunks_written_total", "Result chunk objects written.")
+BATCHES_FINALIZED = Counter(
+    "batchstream_aggregator_batches_finalized_total",
+    "Batches moved to a terminal status, by status.",
+    ["status"],
+)
+COUNT_UPDATES = Counter(
+    "batchstream_aggregator_count_updates_total", "Batch documents updated with live counts."
+)
+FINALIZE_SECONDS = Histogram(
+    "batchstream_aggregator_finalize_seconds", "Time to merge and register a batch's files."
+)

@@ -1,0 +1,75 @@
+"""Clients and the objects the agent, timers and pages share, built once per worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import MutableMapping
+from typing import Any
+
+from aiokafka.partitioner import murmur2
+
+from services.aggregator.batches import BatchDirectory
+from services.aggregator.counts import CountsFlusher
+from services.aggregator.processor import ChunkProcessor, FinalizeScheduler
+from services.aggregator.settings import AggregatorConfig
+from services.aggregator.sinks import ChunkWriter, Finalizer
+from shared.mongo import Mongo
+from shared.settings import MongoSettings, StorageSettings
+from shared.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def partition_for(batch_id: str, partitions: int) -> int:
+    """The partition aiokafka's default partitioner picks for a raw batch-id key."""
+    return (murmur2(batch_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+class Runtime:
+    def __init__(self, config: AggregatorConfig, states: MutableMapping[str, Any]) -> None:
+        self.config = config
+        self.mongo = Mongo(MongoSettings())
+        self.store = ObjectStore(StorageSettings())
+        self.directory = BatchDirectory(self.mongo.batches, config.batch_cache_size)
+        self.counts = CountsFlusher(self.mongo.batches, states)
+        self.finalizer = Finalizer(
+            batches=self.mongo.batches,
+            files=self.mongo.files,
+            store=self.store,
+            states=states,
+            directory=self.directory,
+            work_dir=config.data_dir,
+            download_concurrency=config.download_concurrency,
+        )
+        self.scheduler = FinalizeScheduler(self.finalizer, config.finalize_concurrency)
+        self.processor = ChunkProcessor(
+            states=states,
+            directory=self.directory,
+            writer=ChunkWriter(self.store),
+            counts=self.counts,
+            schedule_finalize=self.scheduler.schedule,
+        )
+        self._bucket_ready = False
+
+    async def ensure_bucket(self) -> None:
+        if not self._bucket_ready:
+            await self.store.ensure_bucket()
+            self._bucket_ready = True
+
+    async def healthy(self) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.gather(self.mongo.ping(), self.store.ping()), 3.0)
+        except Exception:
+            log.warning("a dependency is down", exc_info=True)
+            return False
+        return True
+
+    async def shutdown(self) -> None:
+        """Finish what can finish, write the last counts, close clients."""
+        await self.scheduler.drain(timeout_s=10.0)
+        try:
+            await self.counts.flush()
+        except Exception:
+            log.warning("last counts flush failed", exc_info=True)
+        await self.mongo.close()

@@ -1,0 +1,24 @@
+"""The aggregator's settings: the shared ``AggregatorSettings`` plus faust tuning knobs.
+
+Same ``BATCHSTREAM_AGGREGATOR_`` prefix. The extra fields live here rather than in ``shared/``
+because only this service (and only faust) reads them.
+"""
+
+from __future__ import annotations
+
+from shared.settings import AggregatorSettings
+
+
+class AggregatorConfig(AggregatorSettings):
+    web_host: str = "0.0.0.0"
+    # faust's broker defaults; tests lower them so a restarted worker rejoins in seconds.
+    session_timeout_s: float = 60.0
+    heartbeat_interval_s: float = 3.0
+    rebalance_timeout_s: float = 60.0
+    commit_interval_s: float = 2.8
+    # 1 works around Tansu's wrong ListOffsets LATEST for multi-record batches (table recovery).
+    producer_max_batch_size: int = 16384
+    standby_replicas: int = 1
+    finalize_concurrency: int = 2
+    download_concurrency: int = 16
+    batch_cache_size: int = 10_000

@@ -1,0 +1,161 @@
+"""Per-batch aggregation state: counts, usage sums and a compact bitmap of the lines seen.
+
+The state lives in a faust table as a JSON dict (see ``tables.py``). The bitmap is stored
+zlib-compressed and base64-encoded: a 50,000-line batch is 6.25 KB raw and a few bytes once every
+line is seen, so one changelog record per batch per chunk stays small.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.protocol.messages import ResultMessage
+
+# A guard against a corrupt line number allocating a huge bitmap when the total is still unknown.
+MAX_LINES = 1_000_000
+USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
+
+
+class SeenLines:
+    """A growable bitmap of 1-based line numbers."""
+
+    def __init__(self, bits: bytes | bytearray = b"") -> None:
+        self._bits = bytearray(bits)
+
+    def __contains__(self, line: int) -> bool:
+        index = line - 1
+        byte = index >> 3
+        return byte < len(self._bits) and bool(self._bits[byte] & (1 << (index & 7)))
+
+    def add(self, line: int) -> None:
+        index = line - 1
+        byte = index >> 3
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(byte + 1 - len(self._bits)))
+        self._bits[byte] |= 1 << (index & 7)
+
+    def count(self) -> int:
+        return sum(b.bit_count() for b in self._bits)
+
+    def encode(self) -> str:
+        return base64.b64encode(zlib.compress(bytes(self._bits), 6)).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> SeenLines:
+        return cls(zlib.decompress(base64.b64decode(text)) if text else b"")
+
+
+def usage_of(result: ResultMessage) -> dict[str, int]:
+    """Token usage of a successful result, in the Batch object's ``usage`` terms.
+
+    Chat and completions report ``prompt_tokens``/``completion_tokens``, embeddings only
+    ``prompt_tokens``/``total_tokens``, the Responses API ``input_tokens``/``output_tokens``.
+    """
+    if not result.succeeded or result.response is None:
+        return {}
+    raw = result.response.body.get("usage")
+    if not isinstance(raw, dict):
+        return {}
+    prompt = _int(raw.get("prompt_tokens", raw.get("input_tokens")))
+    completion = _int(raw.get("completion_tokens", raw.get("output_tokens")))
+    total = _int(raw.get("total_tokens")) or prompt + completion
+    prompt_details = raw.get("prompt_tokens_details") or raw.get("input_tokens_details") or {}
+    output_details = raw.get("completion_tokens_details") or raw.get("output_tokens_details") or {}
+    return {
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        "total_tokens": total,
+        "cached_tokens": _int(_get(prompt_details, "cached_tokens")),
+        "reasoning_tokens": _int(_get(output_details, "reasoning_tokens")),
+    }
+
+
+def _get(mapping: Any, key: str) -> Any:
+    return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass
+class BatchState:
+    """What the aggregator knows about one batch; ``seen`` is the source of truth for dedupe."""
+
+    completed: int = 0
+    failed: int = 0
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
+    seen: SeenLines = field(default_factory=SeenLines)
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
+
+    def select_new(
+        self, results: Iterable[ResultMessage], total: int
+    ) -> tuple[list[ResultMessage], int, int]:
+        """Split results into new lines (sorted by line) and drop the rest.
+
+        Returns ``(new, duplicates, invalid)``: a line already seen, or seen twice in this
+        chunk, is a duplicate; a line outside ``1..total`` (or ``1..MAX_LINES`` while the
+        total is unknown) is invalid. Nothing is recorded until :meth:`record`.
+        """
+        limit = total if total > 0 else MAX_LINES
+        fresh: dict[int, ResultMessage] = {}
+        duplicates = invalid = 0
+        for result in results:
+            line = result.line
+            if line is None or not 1 <= line <= limit:
+                invalid += 1
+            elif line in self.seen or line in fresh:
+                duplicates += 1
+            else:
+                fresh[line] = result
+        return [fresh[line] for line in sorted(fresh)], duplicates, invalid
+
+    def record(self, results: Iterable[ResultMessage]) -> None:
+        """Mark lines seen and add them to the counts (call once the chunk is stored)."""
+        for result in results:
+            assert result.line is not None
+            self.seen.add(result.line)
+            if result.succeeded:
+                self.completed += 1
+                for key, value in usage_of(result).items():
+                    self.usage[key] = self.usage.get(key, 0) + value
+            else:
+                self.failed += 1
+
+    def usage_document(self) -> dict[str, Any]:
+        """The Batch object's ``usage`` field."""
+        return {
+            "input_tokens": self.usage.get("input_tokens", 0),
+            "input_tokens_details": {"cached_tokens": self.usage.get("cached_tokens", 0)},
+            "output_tokens": self.usage.get("output_tokens", 0),
+            "output_tokens_details": {"reasoning_tokens": self.usage.get("reasoning_tokens", 0)},
+            "total_tokens": self.usage.get("total_tokens", 0),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "usage": dict(self.usage),
+            "seen": self.seen.encode(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> BatchState:
+        if not data:
+            return cls()
+        usage = dict.fromkeys(USAGE_FIELDS, 0)
+        usage.update({k: int(v) for k, v in (data.get("usage") or {}).items()})
+        return cls(
+            completed=int(data.get("completed", 0)),
+            failed=int(data.get("failed", 0)),
+            usage=usage,
+            seen=SeenLines.decode(data.get("seen", "")),
+        )
