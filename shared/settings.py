@@ -86,6 +86,7 @@ class InferenceSettings(BaseSettings):
     """One worker serves one model on one engine (one GPU, or the CPU here)."""
 
     model_config = _config("INFERENCE_")
+    engine: str = "vllm"  # or "fake": InstantFakeEngine, for tests and the pipeline benchmark
     model: str = Field(default="", description="Path or name of the model vLLM loads.")
     served_model_name: str = ""
     runner: str = "generate"  # or "pooling" for an embeddings model

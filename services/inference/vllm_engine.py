@@ -1,0 +1,247 @@
+"""VllmEngine: vLLM's async engine behind vLLM's own OpenAI serving classes.
+
+Built the way ``vllm/entrypoints/launchers/run_batch.py`` builds them (arguments from vLLM's own
+parser, ``build_async_engine_client``, ``init_app_state``) and called without HTTP in between, so a
+body is exactly what ``vllm serve`` would return. Importing this module imports vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from argparse import Namespace
+from contextlib import AsyncExitStack
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any
+
+import pydantic
+from starlette.datastructures import State
+from starlette.responses import Response
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+from vllm.entrypoints.serve import create_error_response
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.tokenize.protocol import (
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from services.inference.engine import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    Answer,
+    error_answer,
+    unsupported_endpoint,
+)
+from shared.settings import InferenceSettings
+
+log = logging.getLogger(__name__)
+
+_EMBEDDING_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRequest)
+
+
+def build_args(settings: InferenceSettings) -> Namespace:
+    """vLLM's server arguments, from our settings, through vLLM's own parser (so defaults match)."""
+    argv = [
+        "--model",
+        settings.model,
+        "--runner",
+        settings.runner,
+        "--dtype",
+        settings.dtype,
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--tensor-parallel-size",
+        str(settings.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(settings.gpu_memory_utilization),
+        "--disable-log-stats",
+    ]
+    if settings.served_model_name:
+        argv += ["--served-model-name", settings.served_model_name]
+    if settings.enforce_eager:
+        argv.append("--enforce-eager")
+    return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+
+
+class VllmEngine:
+    """One vLLM engine and its serving objects, owned by ``async with``."""
+
+    def __init__(self, settings: InferenceSettings) -> None:
+        self.settings = settings
+        self.model_id = settings.model_id
+        self.max_context_length = settings.max_model_len
+        self.endpoints: tuple[str, ...] = ()
+        self._stack = AsyncExitStack()
+        self._state = State()
+        self._running: dict[str, asyncio.Task[Answer]] = {}
+        self._aborted: set[str] = set()
+
+    async def __aenter__(self) -> VllmEngine:
+        args = build_args(self.settings)
+        client: EngineClient = await self._stack.enter_async_context(
+            build_async_engine_client(args, usage_context=UsageContext.OPENAI_BATCH_RUNNER)
+        )
+        try:
+            tasks = await client.get_supported_tasks()
+            await init_app_state(client, self._state, args, tasks)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        self.max_context_length = client.model_config.max_model_len
+        self.model_id = self._state.openai_serving_models.base_model_paths[0].name
+        self.endpoints = self._supported_endpoints()
+        log.info(
+            "vLLM engine ready",
+            extra={"model": self.model_id, "tasks": list(tasks), "endpoints": self.endpoints},
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+        await self._stack.aclose()
+
+    def _supported_endpoints(self) -> tuple[str, ...]:
+        found = []
+        if getattr(self._state, "openai_serving_chat", None) is not None:
+            found.append(CHAT)
+        if getattr(self._state, "openai_serving_completion", None) is not None:
+            found.append(COMPLETIONS)
+        if getattr(self._state, "serving_embedding", None) is not None:
+            found.append(EMBEDDINGS)
+        return tuple(found)
+
+    async def run(
+        self,
+        url: str,
+        body: dict[str, Any],
+        request_id: str,
+        *,
+        max_context_length: int | None = None,
+    ) -> Answer:
+        if url not in self.endpoints:
+            return unsupported_endpoint(url, self.endpoints)
+        if body.get("stream"):
+            return error_answer("Request must not be sent in stream mode", param="stream")
+        task = asyncio.ensure_future(self._serve(url, body, request_id, max_context_length))
+        self._running[request_id] = task
+        try:
+            answer = await task
+        finally:
+            self._running.pop(request_id, None)
+        if task.cancelled() or request_id in self._aborted:
+            # vLLM turns a cancelled generation into a "client disconnected" body; an aborted
+            # request has no answer at all.
+            self._aborted.discard(request_id)
+            raise asyncio.CancelledError(f"request {request_id} aborted")
+        return answer
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel the serving call; vLLM aborts the engine request when its generator closes."""
+        task = self._running.get(request_id)
+        if task is not None:
+            self._aborted.add(request_id)
+            task.cancel()
+
+    async def _serve(
+        self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
+    ) -> Answer:
+        try:
+            request = _parse(url, body)
+        except pydantic.ValidationError as exc:
+            return _validation_answer(exc)
+        if hasattr(request, "request_id"):
+            request.request_id = request_id
+        try:
+            if max_context_length is not None and max_context_length < self.max_context_length:
+                refusal = await self._cap_context(url, request, max_context_length)
+                if refusal is not None:
+                    return refusal
+            return _to_answer(await self._call(url, request))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes this line's error record
+            return _to_answer(create_error_response(exc))
+
+    async def _call(self, url: str, request: Any) -> Any:
+        if url == CHAT:
+            return await self._state.openai_serving_chat.create_chat_completion(request, None)
+        if url == COMPLETIONS:
+            return await self._state.openai_serving_completion.create_completion(request, None)
+        return await self._state.serving_embedding(request, None)
+
+    async def _cap_context(self, url: str, request: Any, limit: int) -> Answer | None:
+        """Apply a batch's ``max_context_length``: refuse a longer prompt, cap the output.
+
+        vLLM only knows the engine-wide ``max_model_len``, so the prompt is tokenized first (with
+        the same renderer the request will use). A completion prompt that is not one string is
+        left to the engine's own limit.
+        """
+        if url == CHAT:
+            probe: Any = TokenizeChatRequest(messages=request.messages)
+        elif url == COMPLETIONS and isinstance(request.prompt, str):
+            probe = TokenizeCompletionRequest(prompt=request.prompt)
+        else:
+            return None
+        counted = await self._state.serving_tokenization.create_tokenize(probe, None)
+        if isinstance(counted, ErrorResponse):
+            return _to_answer(counted)
+        room = limit - counted.count
+        if room <= 0:
+            return error_answer(
+                f"Input length ({counted.count}) exceeds the batch's maximum context length "
+                f"({limit}).",
+                param="max_context_length",
+            )
+        if url == CHAT and request.max_completion_tokens is not None:
+            request.max_completion_tokens = min(request.max_completion_tokens, room)
+        else:
+            request.max_tokens = min(request.max_tokens or room, room)
+        return None
+
+
+def _parse(url: str, body: dict[str, Any]) -> Any:
+    if url == CHAT:
+        return ChatCompletionRequest.model_validate(body)
+    if url == COMPLETIONS:
+        return CompletionRequest.model_validate(body)
+    return _EMBEDDING_ADAPTER.validate_python(body)
+
+
+def _validation_answer(exc: pydantic.ValidationError) -> Answer:
+    """A body that fails vLLM's request model: 400, as vLLM's validation handler words it."""
+    errors = exc.errors(include_url=False)
+    param = ".".join(str(part) for part in errors[0]["loc"]) if errors else None
+    lines = [f"  {'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:10]]
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:\n" + "\n".join(lines)
+    return error_answer(message, HTTPStatus.BAD_REQUEST, err_type="Bad Request", param=param)
+
+
+def _to_answer(result: Any) -> Answer:
+    """A serving call's result as (status, body), as vLLM's routers would send it."""
+    if isinstance(result, ErrorResponse):
+        return int(result.error.code), result.model_dump(mode="json")
+    if isinstance(result, Response):
+        return int(result.status_code), json.loads(bytes(result.body))
+    if isinstance(result, pydantic.BaseModel):
+        return 200, result.model_dump(mode="json")
+    return error_answer("Request must not be sent in stream mode", param="stream")
