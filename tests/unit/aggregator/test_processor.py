@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.aggregator.batches import BatchInfo
+from services.aggregator.processor import ChunkProcessor, decode_results
+from services.aggregator.state import BatchState
+from shared.kafka import encode
+from shared.protocol.messages import ResponsePayload, ResultMessage
+
+
+def raw(batch_id: str | None, line: int, status: int = 200) -> bytes:
+    return encode(
+        ResultMessage(
+            request_id=f"batch_req_{line}",
+            custom_id=f"c{line}",
+            batch_id=batch_id,
+            line=line,
+            response=ResponsePayload(status_code=status, request_id="r", body={}),
+        )
+    )
+
+
+class FakeDirectory:
+    def __init__(self, infos: dict[str, BatchInfo]) -> None:
+        self.infos = infos
+
+    async def get(self, batch_id: str) -> BatchInfo | None:
+        return self.infos.get(batch_id)
+
+
+class FakeWriter:
+    def __init__(self, fail: bool = False) -> None:
+        self.chunks: list[tuple[str, list[int | None]]] = []
+        self.fail = fail
+
+    async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
+        if self.fail:
+            raise OSError("storage down")
+        self.chunks.append((batch_id, [r.line for r in results]))
+        return "key"
+
+
+class FakeCounts:
+    def __init__(self) -> None:
+        self.dirty: set[str] = set()
+
+    def mark(self, batch_id: str) -> None:
+        self.dirty.add(batch_id)
+
+
+def make(writer: FakeWriter, status: str = "in_progress", total: int = 3) -> tuple[Any, ...]:
+    states: dict[str, Any] = {}
+    finalized: list[str] = []
+    directory = FakeDirectory({"b1": BatchInfo("b1", status, total, "p")})
+    counts = FakeCounts()
+    processor = ChunkProcessor(
+        states=states,
+        directory=directory,  # type: ignore[arg-type]
+        writer=writer,  # type: ignore[arg-type]
+        counts=counts,  # type: ignore[arg-type]
+        schedule_finalize=finalized.append,
+    )
+    return processor, states, counts, finalized
+
+
+def test_decode_skips_undecodable_and_batchless() -> None:
+    grouped = decode_results([b"not json", raw(None, 1), raw("b1", 2), b"{}", None])
+    assert list(grouped) == ["b1"] and [r.line for r in grouped["b1"]] == [2]
+
+
+async def test_duplicates_counted_once_and_finalize_scheduled() -> None:
+    writer = FakeWriter()
+    processor, states, counts, finalized = make(writer)
+    await processor.process([raw("b1", 2), raw("b1", 1, 404), raw("b1", 2)])
+    await processor.process([raw("b1", 1), raw("b1", 3)])
+    assert writer.chunks == [("b1", [1, 2]), ("b1", [3])]
+    state = BatchState.from_dict(states["b1"])
+    assert (state.completed, state.failed) == (2, 1)
+    assert counts.dirty == {"b1"} and finalized == ["b1"]
+
+
+async def test_state_untouched_when_chunk_write_fails() -> None:
+    processor, states, counts, finalized = make(FakeWriter(fail=True))
+    with pytest.raises(OSError):
+        await processor.process([raw("b1", 1)])
+    assert states == {} and not counts.dirty and not finalized
+
+
+async def test_terminal_and_unknown_batches_are_dropped() -> None:
+    writer = FakeWriter()
+    processor, states, _, _ = make(writer, status="completed")
+    await processor.process([raw("b1", 1), raw("other", 1)])
+    assert writer.chunks == [] and states == {}
