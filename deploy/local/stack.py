@@ -302,6 +302,7 @@ class ModelSpec:
     path: str
     served_name: str
     runner: str = "generate"  # "pooling" for an embeddings model
+    engine: str = "vllm"  # "fake": the instant fake engine (no model; runs from the main env)
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
@@ -530,9 +531,14 @@ class Stack:
             comps.append(
                 Component(
                     model.component,
-                    [self.inference_python, "-m", "services.inference"],
+                    [
+                        self.main_python if model.engine == "fake" else self.inference_python,
+                        "-m",
+                        "services.inference",
+                    ],
                     self._service_env(
-                        BATCHSTREAM_INFERENCE_MODEL=str(Path(model.path).resolve()),
+                        BATCHSTREAM_INFERENCE_ENGINE=model.engine,
+                        BATCHSTREAM_INFERENCE_MODEL=str(Path(model.path).resolve()) if model.path else "",
                         BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME=model.served_name,
                         BATCHSTREAM_INFERENCE_RUNNER=model.runner,
                         BATCHSTREAM_INFERENCE_HEALTH_PORT=str(port),

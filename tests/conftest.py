@@ -1,0 +1,58 @@
+"""Session fixtures shared by every test: the stand-in servers, isolated per test session.
+
+``stand_ins`` starts Kafka (Tansu), MongoDB (SecantusDB) and S3 (SeaweedFS) on free ports in a tmp
+dir, creates the bucket and the base topics (results, control) under a topic prefix unique to this
+session, and stops every process by PID at the end. It yields the ``deploy.local.stack.Stack``:
+``stand_ins.env()`` is the BATCHSTREAM_* environment pointing at it, and
+``stand_ins.kafka_settings()`` / ``stand_ins.storage_settings()`` build settings objects directly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from deploy.local.stack import STAND_INS, Stack, free_ports
+
+SESSION_ID = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def session_id() -> str:
+    """Unique per test session; names topics, the database and the bucket."""
+    return SESSION_ID
+
+
+@pytest.fixture(scope="session")
+def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = Stack(
+        tmp_path_factory.mktemp("stack"),
+        ports=free_ports(),
+        topic_prefix=f"t{SESSION_ID}.",
+        mongo_database=f"batchstream_t{SESSION_ID}",
+        bucket=f"batchstream-t{SESSION_ID}",
+        environment="test",
+    )
+    try:
+        stack.start(STAND_INS)
+        stack.provision(models=[])
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def stand_ins_env(stand_ins: Stack) -> dict[str, str]:
+    """The BATCHSTREAM_* variables for the stand-ins (Kafka, Mongo, S3 addresses, prefix...)."""
+    return stand_ins.env()
+
+
+@pytest.fixture(scope="session")
+def stand_ins_environ(stand_ins_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """os.environ carries ``stand_ins_env`` for the rest of the session (for in-process apps)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in stand_ins_env.items():
+            patch.setenv(key, value)
+        yield stand_ins_env
