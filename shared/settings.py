@@ -98,6 +98,8 @@ class InferenceSettings(BaseSettings):
     enforce_eager: bool = False
     max_in_flight: int = 0  # 0: twice max_num_seqs
     health_port: int = 0  # 0: no health server
+    health_host: str = "127.0.0.1"  # 0.0.0.0 in a container
+    drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
     group_id: str = ""  # default: batchstream-inference-<model>
 
     @property

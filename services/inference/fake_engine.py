@@ -79,9 +79,7 @@ class InstantFakeEngine:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model_id,
-            "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
-            ],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
             "usage": usage,
         }
 
@@ -101,10 +99,7 @@ class InstantFakeEngine:
         count = len(inputs) if isinstance(inputs, list) and inputs else 1
         if isinstance(inputs, list) and inputs and isinstance(inputs[0], int):
             count = 1  # one prompt given as token ids
-        data = [
-            {"index": i, "object": "embedding", "embedding": [0.0] * EMBEDDING_DIM}
-            for i in range(count)
-        ]
+        data = [{"index": i, "object": "embedding", "embedding": [0.0] * EMBEDDING_DIM} for i in range(count)]
         return {
             "id": f"embd-{uuid.uuid4().hex}",
             "object": "list",

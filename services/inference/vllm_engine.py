@@ -20,8 +20,8 @@ import pydantic
 from starlette.datastructures import State
 from starlette.responses import Response
 from vllm.engine.protocol import EngineClient
-from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -178,7 +178,7 @@ class VllmEngine:
             return _to_answer(await self._call(url, request))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes this line's error record
+        except Exception as exc:  # every failure becomes this line's error record
             return _to_answer(create_error_response(exc))
 
     async def _call(self, url: str, request: Any) -> Any:
@@ -207,8 +207,7 @@ class VllmEngine:
         room = limit - counted.count
         if room <= 0:
             return error_answer(
-                f"Input length ({counted.count}) exceeds the batch's maximum context length "
-                f"({limit}).",
+                f"Input length ({counted.count}) exceeds the batch's maximum context length ({limit}).",
                 param="max_context_length",
             )
         if url == CHAT and request.max_completion_tokens is not None:

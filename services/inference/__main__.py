@@ -1,0 +1,106 @@
+"""``python -m services.inference``: one worker, one model, one engine.
+
+Waits for Kafka, ensures the model's requests topic and the results topic, starts the engine,
+heartbeats the model document into MongoDB, serves /health and /metrics, and consumes requests
+until SIGTERM (then drains in-flight work, commits, and exits 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from services.inference.consumer import FatalConsumerError, RequestConsumer
+from services.inference.engine import Engine, open_engine
+from services.inference.handler import RequestHandler
+from services.inference.health import HealthServer
+from services.inference.heartbeat import heartbeat_forever
+from shared.kafka import ensure_topics, make_producer, wait_for_kafka
+from shared.logging import configure_logging
+from shared.mongo import Mongo
+from shared.settings import InferenceSettings, KafkaSettings, MongoSettings, RuntimeSettings
+
+log = logging.getLogger("services.inference")
+
+
+class Worker:
+    """Owns the clients and the shutdown: built in ``main``, closed in ``finally``."""
+
+    def __init__(self) -> None:
+        self.inference = InferenceSettings()
+        self.kafka = KafkaSettings()
+        self.mongo_settings = MongoSettings()
+        self.consumer: RequestConsumer | None = None
+        self.health = HealthServer(self.inference.health_port, self._ready, host=self.inference.health_host)
+
+    def _ready(self) -> bool:
+        return self.consumer is not None and self.consumer.running
+
+    def request_stop(self, main: asyncio.Task[None]) -> None:
+        """SIGTERM: drain a running consumer; before it runs, cancel start-up."""
+        log.info("stop requested")
+        if self.consumer is not None:
+            self.consumer.stop()
+        else:
+            main.cancel()
+
+    async def run(self) -> None:
+        if not self.inference.model and self.inference.engine != "fake":
+            raise SystemExit("set BATCHSTREAM_INFERENCE_MODEL to the model folder or name")
+        if self.inference.health_port:
+            await self.health.start()
+        try:
+            await wait_for_kafka(self.kafka, timeout_s=120.0)
+            await ensure_topics(self.kafka, [self.inference.model_id])
+            async with open_engine(self.inference) as engine:
+                await self._serve(engine)
+        finally:
+            await self.health.stop()
+
+    async def _serve(self, engine: Engine) -> None:
+        mongo = Mongo(self.mongo_settings)
+        producer = make_producer(self.kafka)
+        await producer.start()
+        heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
+        try:
+            self.consumer = RequestConsumer.from_settings(
+                self.kafka,
+                self.inference,
+                producer,
+                RequestHandler(engine),
+                drain_timeout_s=self.inference.drain_timeout_s,
+            )
+            await self.consumer.run()
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            await producer.stop()
+            await mongo.close()
+
+
+async def main() -> int:
+    runtime = RuntimeSettings()
+    configure_logging("services.inference", runtime.log_level)
+    runtime.check_secrets()
+    worker = Worker()
+    task = asyncio.create_task(worker.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.request_stop, task)
+    try:
+        await task
+    except asyncio.CancelledError:
+        log.info("stopped during start-up")
+    except FatalConsumerError:
+        log.exception("the consumer failed")
+        return 1
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

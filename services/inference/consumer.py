@@ -1,0 +1,282 @@
+"""The poll/commit loop: many requests in flight, results published, offsets committed in order.
+
+Each message becomes a task; when ``in_flight_limit`` tasks run, the assigned partitions are
+paused (``getmany`` keeps being called so the group stays alive) and resumed when there is room.
+A result is published, and awaited, before its offset counts as done; a partition commits only
+up to its lowest offset still in flight (see ``offsets.OffsetTracker``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import pydantic
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, KafkaError
+
+from services.inference import metrics
+from services.inference.handler import RequestHandler, never_ran
+from services.inference.offsets import OffsetTracker
+from shared.kafka import decode, encode
+from shared.protocol.messages import RequestMessage, ResultMessage
+from shared.settings import InferenceSettings, KafkaSettings
+from shared.topics import model_slug, requests_topic, results_topic
+
+log = logging.getLogger(__name__)
+
+COMMIT_INTERVAL_S = 0.5
+POLL_TIMEOUT_MS = 200
+PUBLISH_ATTEMPTS = 5
+
+
+class FatalConsumerError(RuntimeError):
+    """The worker cannot go on (e.g. results cannot be published); exit and be restarted."""
+
+
+def group_id(settings: InferenceSettings, model_id: str) -> str:
+    return settings.group_id or f"batchstream-inference-{model_slug(model_id)}"
+
+
+def make_consumer(kafka: KafkaSettings, group: str, **overrides: Any) -> AIOKafkaConsumer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers,
+        "group_id": group,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_poll_interval_ms": 300_000,
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(**options)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: RequestConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.owner.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        log.info("partitions assigned", extra={"partitions": sorted(map(str, assigned))})
+
+
+class RequestConsumer:
+    """Consumes one model's requests topic and runs every message through the handler."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        handler: RequestHandler,
+        *,
+        topic: str,
+        results_topic: str,
+        in_flight_limit: int,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
+        self.consumer = consumer
+        self.producer = producer
+        self.handler = handler
+        self.topic = topic
+        self.results_topic = results_topic
+        self.in_flight_limit = max(1, in_flight_limit)
+        self.drain_timeout_s = drain_timeout_s
+        self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
+        self.running = False
+        self._stopping = asyncio.Event()
+        self._tasks: dict[asyncio.Task[None], str] = {}
+        self._last_commit = 0.0
+        self._fatal: BaseException | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        kafka: KafkaSettings,
+        inference: InferenceSettings,
+        producer: AIOKafkaProducer,
+        handler: RequestHandler,
+        drain_timeout_s: float = 30.0,
+    ) -> RequestConsumer:
+        model_id = handler.engine.model_id
+        consumer = make_consumer(kafka, group_id(inference, model_id))
+        return cls(
+            consumer,
+            producer,
+            handler,
+            topic=requests_topic(kafka, model_id),
+            results_topic=results_topic(kafka),
+            in_flight_limit=inference.in_flight_limit,
+            drain_timeout_s=drain_timeout_s,
+        )
+
+    def stop(self) -> None:
+        """Ask the loop to stop fetching, drain in-flight work, commit and return."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Start the consumer, run until ``stop()``, then drain and close it."""
+        await self.consumer.start()
+        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        self.running = True
+        log.info("consuming", extra={"topic": self.topic, "limit": self.in_flight_limit})
+        try:
+            await self._loop()
+            await self._drain()
+            await self._commit()
+        finally:
+            self.running = False
+            await self.consumer.stop()
+        if self._fatal is not None:
+            raise FatalConsumerError(str(self._fatal)) from self._fatal
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._apply_backpressure()
+            room = self.in_flight_limit - len(self._tasks)
+            batch = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
+            for partition, records in batch.items():
+                for record in records:
+                    self._start(partition, record)
+            if time.monotonic() - self._last_commit >= COMMIT_INTERVAL_S:
+                await self._commit()
+
+    def _apply_backpressure(self) -> None:
+        """Pause every assigned partition while the window is full (idempotent; covers
+        partitions assigned meanwhile), resume them once there is room."""
+        if len(self._tasks) >= self.in_flight_limit:
+            self.consumer.pause(*self.consumer.assignment())
+        elif self.consumer.paused():
+            self.consumer.resume(*self.consumer.paused())
+
+    def _start(self, partition: TopicPartition, record: ConsumerRecord[Any, Any]) -> None:
+        epoch = self.offsets.start(partition, record.offset)
+        task = asyncio.create_task(self._process(partition, record, epoch))
+        self._tasks[task] = f"{partition.topic}[{partition.partition}]@{record.offset}"
+        metrics.IN_FLIGHT.set(len(self._tasks))
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
+        metrics.IN_FLIGHT.set(len(self._tasks))
+        if not task.cancelled() and task.exception() is not None and self._fatal is None:
+            self._fatal = task.exception()
+            self._stopping.set()
+
+    async def _process(self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int) -> None:
+        where = f"{partition.topic}[{partition.partition}]@{record.offset}"
+        result, reply_topic = await self._result_for(record, where)
+        if result is not None:
+            await self._publish(result, reply_topic or self.results_topic, where)
+        self.offsets.finish(partition, record.offset, epoch)
+
+    async def _result_for(
+        self, record: ConsumerRecord[Any, Any], where: str
+    ) -> tuple[ResultMessage | None, str | None]:
+        try:
+            raw = decode(record.value)
+        except ValueError as exc:
+            metrics.SKIPPED.inc()
+            log.warning("skipping a message that is not a JSON object: %s", exc, extra={"at": where})
+            return None, None
+        try:
+            message = RequestMessage.model_validate(raw)
+        except pydantic.ValidationError as exc:
+            return self._invalid(raw, exc, where), _str_or_none(raw.get("reply_topic"))
+        context = {"batch_id": message.batch_id, "custom_id": message.custom_id, "at": where}
+        log.debug("running request", extra=context)
+        return await self.handler.handle(message), message.reply_topic
+
+    def _invalid(
+        self, raw: dict[str, Any], exc: pydantic.ValidationError, where: str
+    ) -> ResultMessage | None:
+        """An error result for a message that names its line well enough; else None (skipped)."""
+        metrics.SKIPPED.inc()
+        ids = {k: raw.get(k) for k in ("request_id", "custom_id", "batch_id")}
+        log.warning(
+            "invalid request message: %s", exc.errors(include_url=False)[:3], extra={"at": where, **ids}
+        )
+        if not (isinstance(ids["request_id"], str) and isinstance(ids["custom_id"], str)):
+            return None
+        stub = RequestMessage.model_construct(
+            request_id=ids["request_id"],
+            custom_id=ids["custom_id"],
+            batch_id=_str_or_none(ids["batch_id"]),
+            line=raw.get("line") if isinstance(raw.get("line"), int) else None,
+        )
+        detail = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        return never_ran(stub, "invalid_request", f"Invalid request message: {detail}")
+
+    async def _publish(self, result: ResultMessage, topic: str, where: str) -> None:
+        key = (result.batch_id or result.request_id).encode()
+        value = encode(result)
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                await self.producer.send_and_wait(topic, value, key=key)
+                return
+            except KafkaError as exc:
+                log.warning(
+                    "publishing a result failed (attempt %d): %s",
+                    attempt,
+                    exc,
+                    extra={"batch_id": result.batch_id, "custom_id": result.custom_id, "at": where},
+                )
+                if attempt == PUBLISH_ATTEMPTS:
+                    raise
+                await asyncio.sleep(0.2 * 2**attempt)
+
+    async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        self._last_commit = time.monotonic()
+        offsets = self.offsets.to_commit(partitions)
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # Typically a rebalance in progress; the work is redone by the next owner.
+            log.warning("commit failed: %s", exc, extra={"offsets": _show(offsets)})
+            return
+        self.offsets.committed(offsets)
+        log.debug("committed", extra={"offsets": _show(offsets)})
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Commit what is finished on the revoked partitions and forget their in-flight work."""
+        if not revoked:
+            return
+        await self._commit(revoked)
+        left = sum(self.offsets.in_flight(p) for p in revoked)
+        self.offsets.forget(revoked)
+        log.info(
+            "partitions revoked",
+            extra={"partitions": sorted(map(str, revoked)), "still_running": left},
+        )
+
+    async def _drain(self) -> None:
+        """Let in-flight work finish (bounded), then abort what is left; unfinished is redone."""
+        if not self._tasks:
+            return
+        self.consumer.pause(*self.consumer.assignment())
+        tasks = list(self._tasks)
+        log.info("draining", extra={"in_flight": len(tasks), "timeout_s": self.drain_timeout_s})
+        _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_s)
+        if not pending:
+            return
+        log.warning("drain timed out; aborting", extra={"aborted": len(pending)})
+        for task in pending:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _show(offsets: dict[TopicPartition, int]) -> dict[str, int]:
+    return {f"{tp.topic}[{tp.partition}]": offset for tp, offset in offsets.items()}

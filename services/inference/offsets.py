@@ -1,0 +1,70 @@
+"""Which offset each partition may commit when requests finish out of order.
+
+A partition commits up to its lowest offset still in flight: everything below it is finished.
+With nothing in flight it commits the offset after the last one started. Pure bookkeeping, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import Generic, TypeVar
+
+P = TypeVar("P", bound=Hashable)
+
+
+class OffsetTracker(Generic[P]):
+    """In-flight offsets per partition, and what is committable.
+
+    ``start`` returns an epoch; ``finish`` with a stale epoch (the partition was revoked and
+    forgotten meanwhile) is ignored, so late work never moves a new owner's offsets.
+    """
+
+    def __init__(self) -> None:
+        self._in_flight: dict[P, set[int]] = {}
+        self._next: dict[P, int] = {}
+        self._committed: dict[P, int] = {}
+        self._epoch: dict[P, int] = {}
+
+    def start(self, partition: P, offset: int) -> int:
+        self._in_flight.setdefault(partition, set()).add(offset)
+        self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+        return self._epoch.setdefault(partition, 0)
+
+    def finish(self, partition: P, offset: int, epoch: int) -> None:
+        if self._epoch.get(partition) != epoch:
+            return
+        self._in_flight.get(partition, set()).discard(offset)
+
+    def in_flight(self, partition: P | None = None) -> int:
+        if partition is not None:
+            return len(self._in_flight.get(partition, ()))
+        return sum(len(offsets) for offsets in self._in_flight.values())
+
+    def committable(self, partition: P) -> int | None:
+        """The offset to commit for a partition (the next one to read), or None if none started."""
+        if partition not in self._next:
+            return None
+        pending = self._in_flight.get(partition)
+        return min(pending) if pending else self._next[partition]
+
+    def to_commit(self, partitions: Iterable[P] | None = None) -> dict[P, int]:
+        """Committable offsets that moved past the last commit."""
+        chosen = self._next.keys() if partitions is None else partitions
+        offsets: dict[P, int] = {}
+        for partition in list(chosen):
+            offset = self.committable(partition)
+            if offset is not None and offset > self._committed.get(partition, -1):
+                offsets[partition] = offset
+        return offsets
+
+    def committed(self, offsets: dict[P, int]) -> None:
+        for partition, offset in offsets.items():
+            self._committed[partition] = max(self._committed.get(partition, -1), offset)
+
+    def forget(self, partitions: Iterable[P]) -> None:
+        """Drop all bookkeeping of partitions no longer owned; bump their epochs."""
+        for partition in partitions:
+            self._in_flight.pop(partition, None)
+            self._next.pop(partition, None)
+            self._committed.pop(partition, None)
+            self._epoch[partition] = self._epoch.get(partition, 0) + 1
