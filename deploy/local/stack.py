@@ -61,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from deploy.provision import provision
 from shared.settings import (
     AggregatorSettings,
     ApiSettings,
@@ -734,21 +735,9 @@ class Stack:
         """Create the bucket and the topics (results, control, requests.<model> per model)."""
         served = list(models) if models is not None else [m.served_name for m in self.models]
 
-        async def run() -> None:
-            from shared.kafka import ensure_topics, wait_for_kafka
-            from shared.storage import ObjectStore
-
-            kafka = self.kafka_settings()
-            await wait_for_kafka(kafka, timeout_s=timeout_s)
-            await ensure_topics(kafka, served)
-            store = ObjectStore(self.storage_settings())
-            await _retry(store.ensure_bucket, timeout_s)
-            probe = ".batchstream/ready"
-            await _retry(lambda: store.put_bytes(probe, b"ok"), timeout_s)
-            await _retry(lambda: store.size(probe), timeout_s)  # GETs may 500 just after start
-
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, run()).result()
+        coro = provision(self.kafka_settings(), self.storage_settings(), served, timeout_s)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # works inside a running loop too
+            pool.submit(asyncio.run, coro).result()
 
     def log_tail(self, name: str, lines: int = 15) -> str:
         try:
@@ -768,17 +757,6 @@ class Stack:
     @staticmethod
     def _rank(name: str) -> int:
         return _ORDER.get(name, len(_ORDER))
-
-
-async def _retry(make: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await make()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
 
 
 # ------------------------------------------------------------------------------------------ CLI

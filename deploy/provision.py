@@ -1,0 +1,65 @@
+"""Create what the services expect to exist: the bucket and the topics.
+
+Idempotent; used by the local stack (``deploy.local.stack``) and by docker compose's ``init``
+service. Reads every address from the BATCHSTREAM_* environment::
+
+    python -m deploy.provision --model gemma-3-270m [--model other] [--timeout 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from shared.kafka import ensure_topics, wait_for_kafka
+from shared.settings import KafkaSettings, StorageSettings
+from shared.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+READY_PROBE_KEY = ".batchstream/ready"
+
+
+async def _retry(make: Callable[[], Awaitable[Any]], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await make()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def provision(
+    kafka: KafkaSettings,
+    storage: StorageSettings,
+    models: Sequence[str],
+    timeout_s: float = 60.0,
+) -> None:
+    """Topics (results, control, requests.<model> per model) and the bucket, once each."""
+    await wait_for_kafka(kafka, timeout_s=timeout_s)
+    await ensure_topics(kafka, list(models))
+    store = ObjectStore(storage)
+    await _retry(store.ensure_bucket, timeout_s)
+    # An object written and read back: S3 servers can answer GETs with 500 just after a start.
+    await _retry(lambda: store.put_bytes(READY_PROBE_KEY, b"ok"), timeout_s)
+    await _retry(lambda: store.size(READY_PROBE_KEY), timeout_s)
+    log.info("provisioned bucket %s and topics for %s", storage.bucket, list(models))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m deploy.provision", description=__doc__)
+    parser.add_argument("--model", action="append", default=[], help="a served model id")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    asyncio.run(provision(KafkaSettings(), StorageSettings(), args.model, args.timeout))
+
+
+if __name__ == "__main__":
+    main()
