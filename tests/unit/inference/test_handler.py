@@ -78,6 +78,7 @@ async def test_success_is_a_200_response_with_the_served_model() -> None:
     msg = message(batch_id="batch_1", line=3, defaults=DEFAULTS)
     result = await RequestHandler(engine).handle(msg)
     url, body, run_id, limit = engine.seen[0]
+    assert url == CHAT
     assert body["model"] == "served-model"
     assert body["max_tokens"] == 50 and limit == 100
     assert msg.body["model"] == "m"  # the message itself is not changed
