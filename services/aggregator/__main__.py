@@ -49,8 +49,6 @@ def main() -> None:
         app,
         loglevel=runtime_settings.log_level,
         logging_config=logging_config(runtime_settings.log_level),
-        web_port=config.web_port,
-        web_bind=config.web_host,
     )
     log.info("aggregator starting", extra={"web_port": config.web_port})
     worker.execute_from_commandline()

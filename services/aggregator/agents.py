@@ -89,7 +89,8 @@ async def health(self: View, request: Request) -> Response:
 
 @app.page("/metrics")
 async def prometheus_metrics(self: View, request: Request) -> Response:
-    return self.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+    # aiohttp refuses a charset in ``content_type``, so the full type goes in as a header.
+    return self.bytes(generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @app.on_before_shutdown.connect  # type: ignore[arg-type]  # mode's stub wants a sync-or-awaitable union
