@@ -150,6 +150,9 @@ def build_gemma(out: Path) -> dict[str, Any]:
         model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
         model.load_state_dict(loaded.state_dict())
         del loaded
+        # A chat turn ends with <end_of_turn>: make it a stop token next to <eos>.
+        end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, end_of_turn]
         log("saving bf16 safetensors")
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)

@@ -170,6 +170,11 @@ class RequestConsumer:
     async def _process(self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int) -> None:
         where = f"{partition.topic}[{partition.partition}]@{record.offset}"
         result, reply_topic = await self._result_for(record, where)
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            # Cancelled (drain timeout) while an engine swallowed the cancellation: the answer
+            # is not the request's real outcome. Leave the offset for the next owner.
+            raise asyncio.CancelledError
         if result is not None:
             await self._publish(result, reply_topic or self.results_topic, where)
         self.offsets.finish(partition, record.offset, epoch)

@@ -118,6 +118,9 @@ class VllmEngine:
         for task in list(self._running.values()):
             task.cancel()
         await self._stack.aclose()
+        # Drop the serving objects (they hold the engine client) while the interpreter is whole;
+        # otherwise AsyncLLM.__del__ runs at exit and prints a harmless TypeError.
+        self._state = State()
 
     def _supported_endpoints(self) -> tuple[str, ...]:
         found = []
@@ -147,10 +150,12 @@ class VllmEngine:
             answer = await task
         finally:
             self._running.pop(request_id, None)
-        if task.cancelled() or request_id in self._aborted:
-            # vLLM turns a cancelled generation into a "client disconnected" body; an aborted
-            # request has no answer at all.
-            self._aborted.discard(request_id)
+        aborted = request_id in self._aborted
+        self._aborted.discard(request_id)
+        if aborted or task.cancelled() or _cancelling():
+            # vLLM's serving code catches the cancellation and returns a "client disconnected"
+            # error body, so cancelling our caller does not raise by itself. An aborted request
+            # has no answer at all: it must not become a failed line.
             raise asyncio.CancelledError(f"request {request_id} aborted")
         return answer
 
@@ -215,6 +220,12 @@ class VllmEngine:
         else:
             request.max_tokens = min(request.max_tokens or room, room)
         return None
+
+
+def _cancelling() -> bool:
+    """Whether the current task was asked to cancel (even if an awaited task swallowed it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _parse(url: str, body: dict[str, Any]) -> Any:
