@@ -26,8 +26,8 @@ def logging_config(level: str) -> dict[str, Any]:
         "root": {"handlers": ["stderr"], "level": level.upper()},
         "loggers": {
             "aiokafka": {"level": "WARNING"},
-            "faust": {"level": "WARNING" if level.upper() != "DEBUG" else "DEBUG"},
-            "mode": {"level": "WARNING" if level.upper() != "DEBUG" else "DEBUG"},
+            "faust": {"level": "WARNING"},
+            "mode": {"level": "WARNING"},
         },
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, cast
 
 from faust import Stream
@@ -33,9 +34,14 @@ async def aggregate(stream: StreamT[bytes]) -> None:
     chunks = cast(Stream[bytes], stream).noack_take(config.chunk_lines, within=config.chunk_seconds)
     async for items in chunks:
         events = cast(list[EventT[bytes]], items)
+        started = time.perf_counter()
         await _process_until_done([event.value for event in events])
         for event in events:
             await stream.ack(event)
+        log.debug(
+            "chunk processed",
+            extra={"events": len(events), "seconds": round(time.perf_counter() - started, 4)},
+        )
 
 
 async def _process_until_done(values: list[Any]) -> None:

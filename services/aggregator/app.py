@@ -35,6 +35,7 @@ def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
         broker_rebalance_timeout=config.rebalance_timeout_s,
         broker_commit_interval=config.commit_interval_s,
         producer_max_batch_size=config.producer_max_batch_size,
+        stream_buffer_maxsize=config.stream_buffer_maxsize,
         web_enabled=True,
         web_bind=config.web_host,
         web_port=config.web_port,

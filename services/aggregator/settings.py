@@ -18,6 +18,9 @@ class AggregatorConfig(AggregatorSettings):
     commit_interval_s: float = 2.8
     # 1 works around Tansu's wrong ListOffsets LATEST for multi-record batches (table recovery).
     producer_max_batch_size: int = 16384
+    # Events faust buffers per partition before pausing its fetch; at faust's 4096 a fast
+    # producer made the consumer stall ~1 s between bursts.
+    stream_buffer_maxsize: int = 20_000
     standby_replicas: int = 1
     finalize_concurrency: int = 2
     download_concurrency: int = 16

@@ -23,7 +23,7 @@ def result(line: int, status: int = 200, tag: str = "") -> ResultMessage:
     )
 
 
-def write_chunk(path: Path, lines: list[int], failed: set[int] = frozenset(), tag: str = "") -> Path:
+def write_chunk(path: Path, lines: list[int], failed: frozenset[int] = frozenset(), tag: str = "") -> Path:
     path.write_bytes(encode_chunk(result(n, 400 if n in failed else 200, tag) for n in lines))
     return path
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from services.aggregator import agents
 from services.aggregator.app import app
 from services.aggregator.runtime import partition_for
@@ -10,7 +12,8 @@ from services.aggregator.tables import BatchStates, batch_states_table
 
 def test_agents_timers_and_pages_register() -> None:
     assert "services.aggregator.agents.aggregate" in app.agents
-    assert batch_states_table.use_partitioner and batch_states_table.key_serializer == "raw"
+    table = cast(Any, batch_states_table)
+    assert table.use_partitioner and table.key_serializer == "raw"
     assert agents.runtime.processor is not None
     assert {"/health", "/metrics"} <= {view.view_path for view in app.web.views.values()}
 
