@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from services.aggregator.chunks import (
@@ -23,7 +24,7 @@ def result(line: int, status: int = 200, tag: str = "") -> ResultMessage:
     )
 
 
-def write_chunk(path: Path, lines: list[int], failed: frozenset[int] = frozenset(), tag: str = "") -> Path:
+def write_chunk(path: Path, lines: list[int], failed: AbstractSet[int] = frozenset(), tag: str = "") -> Path:
     path.write_bytes(encode_chunk(result(n, 400 if n in failed else 200, tag) for n in lines))
     return path
 
