@@ -10,6 +10,7 @@ import faust
 
 from services.aggregator.app import app, config, kafka_settings
 from shared.kafka import ensure_topics, wait_for_kafka
+from shared.logging import configure_logging
 from shared.settings import RuntimeSettings, StorageSettings
 from shared.storage import ObjectStore
 
@@ -41,8 +42,10 @@ async def prepare() -> None:
 
 def main() -> None:
     runtime_settings = RuntimeSettings()
+    configure_logging("services.aggregator", runtime_settings.log_level)  # until faust's own
     runtime_settings.check_secrets()
     asyncio.run(prepare())
+    log.info("aggregator starting", extra={"web_port": config.web_port, "app_id": app.conf.id})
     import services.aggregator.agents  # noqa: F401  (registers agents, timers, pages)
 
     worker = faust.Worker(
@@ -50,7 +53,6 @@ def main() -> None:
         loglevel=runtime_settings.log_level,
         logging_config=logging_config(runtime_settings.log_level),
     )
-    log.info("aggregator starting", extra={"web_port": config.web_port})
     worker.execute_from_commandline()
 
 

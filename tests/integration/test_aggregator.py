@@ -549,5 +549,7 @@ async def test_throughput_20000_lines(
             f"\n20,000 results: published in {published:.1f}s, all counted after "
             f"{counted_at:.1f}s, completed after {elapsed:.1f}s ({total / elapsed:,.0f} lines/s)"
         )
+        proc.send_signal(signal.SIGTERM)  # a clean, prompt shutdown
+        assert await asyncio.to_thread(proc.wait, 30) == 0
     finally:
         servers.stop(proc)
