@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import AsyncIterator, Iterator
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, cast
 
 import urllib3
 from minio import Minio
@@ -61,8 +61,8 @@ class ObjectStore:
         """Upload from a readable file object in parts; returns the byte count stored."""
 
         def put() -> int:
-            result = self.client.put_object(self.bucket, key, stream, length=length, part_size=PART_SIZE)
-            del result
+            data = cast(BinaryIO, stream)
+            self.client.put_object(self.bucket, key, data, length=length, part_size=PART_SIZE)
             return int(self.client.stat_object(self.bucket, key).size or 0)
 
         return await asyncio.to_thread(put)

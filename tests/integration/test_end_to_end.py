@@ -117,9 +117,7 @@ def test_a_line_the_engine_rejects_lands_in_the_error_file(client: OpenAI, model
     assert bad["response"]["body"]["error"]["message"]
 
 
-def test_an_invalid_input_file_fails_the_batch_listing_every_bad_line(
-    client: OpenAI, model_id: str
-) -> None:
+def test_an_invalid_input_file_fails_the_batch_listing_every_bad_line(client: OpenAI, model_id: str) -> None:
     lines = [
         chat_line("a", model_id, "hi"),
         "this is not json",

@@ -25,7 +25,7 @@ async def list_batches(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> ListObject:
-    return await batches.list(project, after, limit)
+    return await batches.list_page(project, after, limit)
 
 
 @router.get("/{batch_id}", response_model=Batch)

@@ -40,7 +40,7 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> ListObject:
-    return await files.list(project, purpose, limit, order, after)
+    return await files.list_page(project, purpose, limit, order, after)
 
 
 @router.get("/{file_id}", response_model=FileObject)

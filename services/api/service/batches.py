@@ -123,7 +123,7 @@ class BatchService:
     async def get(self, project: str, batch_id: str) -> Batch:
         return batch_from_document(await self.document(project, batch_id))
 
-    async def list(self, project: str, after: str | None, limit: int) -> ListObject:
+    async def list_page(self, project: str, after: str | None, limit: int) -> ListObject:
         query: dict[str, Any] = {"project": project}
         if after:
             anchor = await self.document(project, after)

@@ -84,7 +84,7 @@ class FileService:
     async def get(self, project: str, file_id: str) -> FileObject:
         return file_from_document(await self.document(project, file_id))
 
-    async def list(
+    async def list_page(
         self, project: str, purpose: str | None, limit: int, order: str, after: str | None
     ) -> ListObject:
         query: dict[str, Any] = {"project": project}
