@@ -7,6 +7,7 @@ internal fields below; a stored file document holds every ``FileObject`` field p
 Batch internal fields:
 - ``project``: the project that owns the batch (from the API key).
 - ``defaults``: ``SamplingDefaults`` as a dict (batch-level sampling defaults).
+- ``output_expires_after``: ``{anchor, seconds}`` for the output and error files, or None.
 - ``emitted``: True once every request message has been published (a restarted api re-emits
   batches left ``in_progress`` with ``emitted`` False; duplicates are counted once downstream).
 
@@ -20,12 +21,13 @@ from typing import Any
 
 from shared.protocol.openai import Batch, FileObject
 
-BATCH_INTERNAL_FIELDS = ("project", "defaults", "emitted")
-FILE_INTERNAL_FIELDS = ("project", "object_key")
+BATCH_INTERNAL_FIELDS = ("project", "defaults", "emitted", "output_expires_after")
+FILE_INTERNAL_FIELDS = ("project", "object_key", "deleted")
 
 
 def batch_from_document(doc: dict[str, Any]) -> Batch:
     fields = {k: v for k, v in doc.items() if k not in BATCH_INTERNAL_FIELDS and k != "_id"}
+    fields.update({k: v for k, v in (doc.get("defaults") or {}).items() if v is not None})
     return Batch(id=doc["_id"], **fields)
 
 

@@ -31,6 +31,14 @@ class Mongo:
         return self.db["batches"]
 
     @property
+    def api_keys(self) -> AsyncCollection[Document]:
+        return self.db["api_keys"]
+
+    @property
+    def idempotency(self) -> AsyncCollection[Document]:
+        return self.db["idempotency"]
+
+    @property
     def models(self) -> AsyncCollection[Document]:
         return self.db["models"]
 
@@ -38,6 +46,7 @@ class Mongo:
         await self.files.create_index([("project", ASCENDING), ("created_at", DESCENDING)])
         await self.batches.create_index([("project", ASCENDING), ("created_at", DESCENDING)])
         await self.batches.create_index([("status", ASCENDING)])
+        await self.idempotency.create_index([("created_at_date", ASCENDING)], expireAfterSeconds=86_400)
 
     async def ping(self) -> None:
         await self.client.admin.command("ping")

@@ -70,7 +70,8 @@ class ApiSettings(BaseSettings):
     max_batch_input_bytes: int = 200 * 1024 * 1024
     max_batch_lines: int = 50_000
     max_reported_errors: int = 1000
-    model_heartbeat_ttl_s: float = 60.0
+    # Identical creates (same key, same body) within this window return the first batch.
+    create_dedupe_window_s: float = 60.0
 
     def project_by_key(self) -> dict[str, str]:
         """Map each configured key to its project (``default`` unless named)."""

@@ -14,6 +14,7 @@ from services.api.routes import batches, files, health, models
 from services.api.service.batches import BatchService
 from services.api.service.emitter import RequestEmitter
 from services.api.service.files import FileService
+from services.api.service.keys import KeyRing
 from shared.kafka import make_producer, wait_for_kafka
 from shared.logging import configure_logging
 from shared.mongo import Mongo
@@ -49,7 +50,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
         app.state.files, app.state.batches = file_service, batch_service
-        app.state.projects = api_settings.project_by_key()
+        app.state.keys = KeyRing(mongo, api_settings.project_by_key())
         await batch_service.recover()
         log.info("api ready", extra={"port": api_settings.port})
         yield

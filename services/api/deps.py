@@ -11,12 +11,12 @@ from services.api.service.files import FileService
 from shared.errors import AuthenticationFailed
 
 
-def _project(request: Request) -> str:
+async def _project(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key:
+    if scheme.lower() != "bearer" or not key.strip():
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
-    project = request.app.state.projects.get(key.strip())
+    project = await request.app.state.keys.project_for(key.strip())
     if project is None:
         raise AuthenticationFailed("Incorrect API key provided.")
     return str(project)

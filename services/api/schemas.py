@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.protocol.messages import SamplingDefaults
 
 
 class ExpiresAfter(BaseModel):
     anchor: Literal["created_at"] = "created_at"
-    seconds: int
+    seconds: int = Field(ge=3600, le=2_592_000)
 
 
 class BatchCreateParams(SamplingDefaults):

@@ -96,6 +96,12 @@ class Batch(BaseModel):
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
     usage: BatchUsage = Field(default_factory=BatchUsage)
+    # batchstream's batch-level sampling defaults, echoed as given at create (null when unset).
+    max_decoding_length: int | None = None
+    max_context_length: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
 
 
 class ModelCard(BaseModel):

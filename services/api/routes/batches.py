@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 
 from services.api.deps import Batches, Project
 from services.api.schemas import BatchCreateParams
@@ -14,8 +14,13 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 
 @router.post("", response_model=Batch)
-async def create_batch(project: Project, batches: Batches, params: BatchCreateParams) -> Batch:
-    return await batches.create(project, params)
+async def create_batch(
+    project: Project,
+    batches: Batches,
+    params: BatchCreateParams,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> Batch:
+    return await batches.create(project, params, idempotency_key)
 
 
 @router.get("", response_model=ListObject)

@@ -12,6 +12,7 @@ from pymongo import DESCENDING
 from services.api.schemas import BatchCreateParams
 from services.api.service.emitter import RequestEmitter
 from services.api.service.files import FileService, page
+from services.api.service.idempotency import CreateDeduplicator
 from services.api.service.validation import InputValidator
 from shared import ids
 from shared.documents import batch_from_document
@@ -71,9 +72,12 @@ class BatchService:
         self.files = files
         self.emitter = emitter
         self.settings = settings
+        self.dedupe = CreateDeduplicator(mongo, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def create(self, project: str, params: BatchCreateParams) -> Batch:
+    async def create(
+        self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
+    ) -> Batch:
         if params.endpoint not in SUPPORTED_ENDPOINTS:
             raise InvalidRequest(
                 f"Unsupported endpoint {params.endpoint!r}; expected one of {list(SUPPORTED_ENDPOINTS)}.",
@@ -93,9 +97,14 @@ class BatchService:
                 param="input_file_id",
                 code="invalid_value",
             )
+        batch_id = ids.batch_id()
+        earlier = await self.dedupe.claim(project, params.model_dump(), idempotency_key, batch_id)
+        if earlier is not None:
+            log.info("deduplicated a repeated create", extra={"batch_id": earlier})
+            return await self.get(project, earlier)
         now = int(time.time())
         doc: dict[str, Any] = {
-            "_id": ids.batch_id(),
+            "_id": batch_id,
             "project": project,
             "endpoint": params.endpoint,
             "model": None,
@@ -108,6 +117,9 @@ class BatchService:
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": metadata,
             "defaults": params.defaults().model_dump(),
+            "output_expires_after": (
+                params.output_expires_after.model_dump() if params.output_expires_after else None
+            ),
             "emitted": False,
         }
         await self.mongo.batches.insert_one(doc)
@@ -198,7 +210,10 @@ class BatchService:
                 doc["_id"], [{"code": "invalid_request", "message": "The input file was deleted."}]
             )
             return False
-        known = {m["_id"] async for m in self.mongo.models.find({}, {"_id": 1})}
+        known = {
+            m["_id"]: m.get("max_context_length")
+            async for m in self.mongo.models.find({}, {"_id": 1, "max_context_length": 1})
+        }
         validator = InputValidator(
             endpoint=doc["endpoint"],
             known_models=known,

@@ -12,7 +12,7 @@ from shared import ids
 from shared.documents import file_document, file_from_document
 from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
 from shared.mongo import Mongo
-from shared.protocol.openai import FileObject, ListObject
+from shared.protocol.openai import TERMINAL_STATUSES, FileObject, ListObject
 from shared.settings import ApiSettings
 from shared.storage import ObjectStore, file_key
 
@@ -76,8 +76,9 @@ class FileService:
             )
 
     async def document(self, project: str, file_id: str) -> dict[str, Any]:
-        doc = await self.mongo.files.find_one({"_id": file_id, "project": project})
-        if doc is None:
+        """The file's document, as its project sees it: deleted or expired files are not found."""
+        doc = await self.mongo.files.find_one({"_id": file_id, "project": project, "deleted": {"$ne": True}})
+        if doc is None or (doc.get("expires_at") and doc["expires_at"] <= time.time()):
             raise NotFound(f"No such File object: {file_id}", param="file_id")
         return doc
 
@@ -87,7 +88,11 @@ class FileService:
     async def list_page(
         self, project: str, purpose: str | None, limit: int, order: str, after: str | None
     ) -> ListObject:
-        query: dict[str, Any] = {"project": project}
+        query: dict[str, Any] = {
+            "project": project,
+            "deleted": {"$ne": True},
+            "$and": [{"$or": [{"expires_at": None}, {"expires_at": {"$gt": int(time.time())}}]}],
+        }
         if purpose:
             query["purpose"] = purpose
         direction = DESCENDING if order == "desc" else ASCENDING
@@ -103,7 +108,18 @@ class FileService:
         return page([file_from_document(d) for d in docs], limit)
 
     async def delete(self, project: str, file_id: str) -> None:
+        """Delete a file; one a running batch still reads is hidden now and its bytes kept.
+
+        The kept bytes belong to the batch: the aggregator streams the input file again to name
+        the lines of a cancelled or expired batch.
+        """
         doc = await self.document(project, file_id)
+        in_use = await self.mongo.batches.count_documents(
+            {"input_file_id": file_id, "status": {"$nin": list(TERMINAL_STATUSES)}}, limit=1
+        )
+        if in_use:
+            await self.mongo.files.update_one({"_id": file_id}, {"$set": {"deleted": True}})
+            return
         await self.mongo.files.delete_one({"_id": file_id})
         await self.store.delete(doc["object_key"])
 

@@ -7,7 +7,7 @@ line number, code and param. The validator streams: it holds the set of custom_i
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Container
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ class ValidationReport:
 @dataclass
 class InputValidator:
     endpoint: str
-    known_models: Container[str]
+    known_models: Mapping[str, int | None]  # model id -> its max context length, if known
     max_lines: int
     max_reported_errors: int
     _custom_ids: set[str] = field(default_factory=set)
@@ -123,20 +123,15 @@ class InputValidator:
                 "Streaming is not supported in batches.",
                 "body.stream",
             )
-        required = _BODY_FIELDS_BY_ENDPOINT.get(self.endpoint)
-        if required and required not in body:
-            self._error(
-                number,
-                "invalid_request",
-                f"The body must contain {required!r} for {self.endpoint}.",
-                f"body.{required}",
-            )
+        self._check_body_shape(number, body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             self._error(number, "missing_required_parameter", "Missing body.model.", "body.model")
             return
         if model not in self.known_models:
             self._error(number, "model_not_found", f"The model {model!r} does not exist.", "body.model")
+        else:
+            self._check_token_limit(number, body, self.known_models[model])
         if self._report.model is None:
             self._report.model = model
         elif model != self._report.model:
@@ -145,4 +140,45 @@ class InputValidator:
                 "mismatched_model",
                 f"Every line must use the same model; saw {model!r} after {self._report.model!r}.",
                 "body.model",
+            )
+
+    def _check_body_shape(self, number: int, body: dict[str, Any]) -> None:
+        """The fields an endpoint cannot run without, with the types it needs."""
+        required = _BODY_FIELDS_BY_ENDPOINT.get(self.endpoint)
+        if required is None:
+            return
+        value = body.get(required)
+        if value is None:
+            self._error(
+                number,
+                "invalid_request",
+                f"The body must contain {required!r} for {self.endpoint}.",
+                f"body.{required}",
+            )
+            return
+        valid = (
+            isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+            if required == "messages"
+            else isinstance(value, str | list) and bool(value)
+        )
+        if not valid:
+            expected = (
+                "a non-empty list of message objects" if required == "messages" else "a string or a list"
+            )
+            self._error(number, "invalid_request", f"body.{required} must be {expected}.", f"body.{required}")
+        for name in ("max_tokens", "max_completion_tokens", "n"):
+            limit = body.get(name)
+            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+                self._error(
+                    number, "invalid_request", f"body.{name} must be a positive integer.", f"body.{name}"
+                )
+
+    def _check_token_limit(self, number: int, body: dict[str, Any], context: int | None) -> None:
+        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        if context and isinstance(requested, int) and requested > context:
+            self._error(
+                number,
+                "token_limit_exceeded",
+                f"max_tokens {requested} exceeds the model's context length of {context}.",
+                "body.max_tokens",
             )

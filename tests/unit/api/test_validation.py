@@ -9,6 +9,7 @@ from typing import Any
 from services.api.service.validation import InputValidator, ValidationReport
 
 ENDPOINT = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def line(custom_id: str = "a", **overrides: Any) -> bytes:
@@ -28,7 +29,7 @@ async def _lines(items: list[bytes]) -> AsyncIterator[bytes]:
 
 
 async def validate(items: list[bytes], max_lines: int = 100, max_errors: int = 100) -> ValidationReport:
-    validator = InputValidator(ENDPOINT, {"m", "other"}, max_lines, max_errors)
+    validator = InputValidator(ENDPOINT, {"m": 1024, "other": None}, max_lines, max_errors)
     return await validator.run(_lines(items))
 
 
@@ -49,11 +50,16 @@ async def test_every_bad_line_is_reported_with_its_number() -> None:
             b"{not json",
             line("a", url="/v1/embeddings"),
             line("a"),
-            line("c", body={"model": "m", "messages": [], "stream": True}),
-            line("d", body={"model": "nope", "messages": []}),
-            line("e", body={"model": "other", "messages": []}),
-            json.dumps({"method": "POST", "url": ENDPOINT, "body": {"model": "m", "messages": []}}).encode(),
+            line("c", body={"model": "m", "messages": MESSAGES, "stream": True}),
+            line("d", body={"model": "nope", "messages": MESSAGES}),
+            line("e", body={"model": "other", "messages": MESSAGES}),
+            json.dumps(
+                {"method": "POST", "url": ENDPOINT, "body": {"model": "m", "messages": MESSAGES}}
+            ).encode(),
             line("f", body={"model": "m"}),
+            line("g", body={"model": "m", "messages": "hi"}),
+            line("h", body={"model": "m", "messages": MESSAGES, "max_tokens": 0}),
+            line("i", body={"model": "m", "messages": MESSAGES, "max_tokens": 5000}),
         ]
     )
     assert not report.ok
@@ -67,6 +73,9 @@ async def test_every_bad_line_is_reported_with_its_number() -> None:
         (6, "mismatched_model", "body.model"),
         (7, "missing_required_parameter", "custom_id"),
         (8, "invalid_request", "body.messages"),
+        (9, "invalid_request", "body.messages"),
+        (10, "invalid_request", "body.max_tokens"),
+        (11, "token_limit_exceeded", "body.max_tokens"),
     ]
 
 

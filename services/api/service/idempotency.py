@@ -1,0 +1,78 @@
+"""One batch per create, however often a client retries it.
+
+An ``Idempotency-Key`` header claims a slot for 24 hours. Without one, the SDK's retries after a
+timeout look like identical creates from the same key: those are deduplicated within a short window
+(``BATCHSTREAM_API_CREATE_DEDUPE_WINDOW_S``). A slot is claimed before the batch is written, so two
+concurrent identical creates cannot both win.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.errors import DuplicateKeyError
+
+from shared.errors import InvalidRequest
+from shared.mongo import Mongo
+
+KEY_TTL_S = 86_400
+WAIT_FOR_WINNER_S = 5.0
+
+
+def fingerprint(params: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class CreateDeduplicator:
+    def __init__(self, mongo: Mongo, window_s: float) -> None:
+        self.mongo = mongo
+        self.window_s = window_s
+
+    async def claim(
+        self, project: str, params: dict[str, Any], idempotency_key: str | None, batch_id: str
+    ) -> str | None:
+        """Claim the slot for ``batch_id``; return the id of an earlier batch that holds it, if any."""
+        digest = fingerprint(params)
+        explicit = bool(idempotency_key)
+        slot = f"{project}:key:{idempotency_key}" if explicit else f"{project}:body:{digest}"
+        now = time.time()
+        claim = {
+            "_id": slot,
+            "batch_id": batch_id,
+            "fingerprint": digest,
+            "created_at": now,
+            "created_at_date": datetime.now(UTC),
+        }
+        try:
+            await self.mongo.idempotency.insert_one(claim)
+            return None
+        except DuplicateKeyError:
+            pass
+        held = await self.mongo.idempotency.find_one({"_id": slot})
+        if held is None:
+            return await self.claim(project, params, idempotency_key, batch_id)
+        fresh = now - held["created_at"] < (KEY_TTL_S if explicit else self.window_s)
+        if not fresh:
+            await self.mongo.idempotency.replace_one({"_id": slot, "created_at": held["created_at"]}, claim)
+            return None
+        if explicit and held["fingerprint"] != digest:
+            raise InvalidRequest(
+                "This Idempotency-Key was already used with different parameters.",
+                param="Idempotency-Key",
+                code="idempotency_key_reused",
+            )
+        await self._wait_for_batch(held["batch_id"])
+        return str(held["batch_id"])
+
+    async def _wait_for_batch(self, batch_id: str) -> None:
+        """The winner writes its batch right after claiming; wait for it to appear."""
+        deadline = time.monotonic() + WAIT_FOR_WINNER_S
+        while await self.mongo.batches.count_documents({"_id": batch_id}, limit=1) == 0:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.05)
