@@ -1,8 +1,9 @@
 """``python -m services.inference``: one worker, one model, one engine.
 
 Waits for Kafka, ensures the model's requests topic and the results topic, starts the engine,
-heartbeats the model document into MongoDB, serves /health and /metrics, and consumes requests
-until SIGTERM (then drains in-flight work, commits, and exits 0).
+reads the control topic (batch cancellations and deadlines) and keeps following it, heartbeats the
+model document into MongoDB, serves /health and /metrics, and consumes requests until SIGTERM
+(then drains in-flight work, commits, and exits 0).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import sys
 
 from services.inference.consumer import FatalConsumerError, RequestConsumer
+from services.inference.control import BatchControl, ControlFollower
 from services.inference.engine import Engine, open_engine
 from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
@@ -64,20 +66,29 @@ class Worker:
         mongo = Mongo(self.mongo_settings)
         producer = make_producer(self.kafka)
         await producer.start()
+        control = BatchControl()
+        handler = RequestHandler(engine, control=control)
+        follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)
         heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
+        following: asyncio.Task[None] | None = None
         try:
+            await follower.start()
+            following = asyncio.create_task(follower.follow())
             self.consumer = RequestConsumer.from_settings(
                 self.kafka,
                 self.inference,
                 producer,
-                RequestHandler(engine),
+                handler,
                 drain_timeout_s=self.inference.drain_timeout_s,
             )
             await self.consumer.run()
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            for task in (heartbeat, following):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            await follower.stop()
             await producer.stop()
             await mongo.close()
 

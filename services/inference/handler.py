@@ -1,4 +1,4 @@
-"""One request message in, one result message out: defaults, expiry, and the engine's answer."""
+"""One request message in, one result message out: defaults, expiry, cancellation, the engine's answer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.inference import metrics
+from services.inference.control import BatchControl
 from services.inference.engine import GENERATE_ENDPOINTS, Engine, error_body
 from shared.ids import new_id
 from shared.protocol.messages import (
@@ -58,24 +59,75 @@ def never_ran(message: RequestMessage, code: str, text: str) -> ResultMessage:
     )
 
 
-class RequestHandler:
-    """Turns request messages into result messages by running them on one engine."""
+EXPIRED_TEXT = "This request could not be executed before the completion window expired."
+CANCELLED_TEXT = "This request was not executed because the batch was cancelled."
 
-    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
+
+class RequestHandler:
+    """Turns request messages into result messages by running them on one engine.
+
+    With a ``BatchControl`` it knows which batches are cancelled: their lines are answered
+    ``batch_cancelled`` without running, and ``cancel_batch`` aborts the ones running.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Callable[[], float] = time.time,
+        control: BatchControl | None = None,
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        self.control = control or BatchControl(clock)
+        self._running: dict[str, set[str]] = {}  # batch id -> engine request ids in flight
+
+    def running(self, batch_id: str) -> int:
+        return len(self._running.get(batch_id, ()))
+
+    async def cancel_batch(self, batch_id: str) -> None:
+        """Abort the batch's requests in flight; each is then answered ``batch_cancelled``."""
+        run_ids = list(self._running.get(batch_id, ()))
+        if run_ids:
+            log.info(
+                "aborting a cancelled batch's requests", extra={"batch_id": batch_id, "count": len(run_ids)}
+            )
+        for run_id in run_ids:
+            await self.engine.abort(run_id)
+
+    def _never_run_reason(self, message: RequestMessage) -> tuple[str, str] | None:
+        if self.control.cancelled(message.batch_id):
+            return "batch_cancelled", CANCELLED_TEXT
+        deadline = message.expires_at or self.control.expires_at(message.batch_id)
+        if deadline is not None and self.clock() >= deadline:
+            return "batch_expired", EXPIRED_TEXT
+        return None
 
     async def handle(self, message: RequestMessage) -> ResultMessage:
-        """Never raises for a bad request; raises ``CancelledError`` when the run is aborted."""
-        if message.expires_at is not None and self.clock() >= message.expires_at:
-            metrics.REQUESTS.labels(status="batch_expired").inc()
-            return never_ran(
-                message,
-                "batch_expired",
-                "This request could not be executed before the completion window expired.",
-            )
+        """Never raises for a bad request.
+
+        Raises ``CancelledError`` when the run is aborted for any reason but its batch's
+        cancellation (a shutdown): such a request has no answer and is redone elsewhere.
+        """
+        reason = self._never_run_reason(message)
+        if reason is not None:
+            metrics.REQUESTS.labels(status=reason[0]).inc()
+            return never_ran(message, *reason)
         run_id = new_id("req_")
-        status, body = await self._run(message, run_id)
+        batch_id = message.batch_id
+        if batch_id:
+            self._running.setdefault(batch_id, set()).add(run_id)
+        metrics.STARTED.inc()
+        try:
+            status, body = await self._run(message, run_id)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if (current is not None and current.cancelling()) or not self.control.cancelled(batch_id):
+                raise
+            metrics.REQUESTS.labels(status="batch_cancelled").inc()
+            return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
+        finally:
+            if batch_id:
+                self._forget_run(batch_id, run_id)
         self._count(status, body)
         return ResultMessage(
             request_id=message.request_id,
@@ -85,6 +137,13 @@ class RequestHandler:
             response=ResponsePayload(status_code=status, request_id=run_id, body=body),
             error=None,
         )
+
+    def _forget_run(self, batch_id: str, run_id: str) -> None:
+        runs = self._running.get(batch_id)
+        if runs is not None:
+            runs.discard(run_id)
+            if not runs:
+                del self._running[batch_id]
 
     async def _run(self, message: RequestMessage, run_id: str) -> tuple[int, dict[str, Any]]:
         body = dict(message.body)

@@ -2,7 +2,7 @@
 
 Publishes request messages naming a reply topic, runs the consumer in-process, and checks one
 result per request (right custom_ids, invalid and expired lines answered as such) and the
-committed offsets.
+committed offsets; reads and follows the compacted control topic.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from services.inference.consumer import RequestConsumer, make_consumer
+from services.inference.control import BatchControl, ControlFollower
 from services.inference.fake_engine import InstantFakeEngine
 from services.inference.handler import RequestHandler
 from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
-from shared.protocol.messages import RequestMessage
+from shared.protocol.messages import ControlMessage, RequestMessage
 from shared.settings import KafkaSettings
-from shared.topics import requests_topic
+from shared.topics import control_topic, requests_topic
 
 MODEL = "fake-model"
 
@@ -181,3 +182,38 @@ async def test_one_result_per_request_and_offsets_committed(kafka: KafkaSettings
 
     committed = await _committed(kafka, group, list(last))
     assert committed == {tp: offset + 1 for tp, offset in last.items()}
+
+
+async def test_the_control_topic_is_read_from_the_beginning_and_followed(kafka: KafkaSettings) -> None:
+    topic = control_topic(kafka)
+    producer = make_producer(kafka)
+    await producer.start()
+    cancelled: list[str] = []
+
+    async def on_cancel(batch_id: str) -> None:
+        cancelled.append(batch_id)
+
+    async def announce(message: ControlMessage) -> None:
+        await producer.send_and_wait(topic, encode(message), key=message.batch_id.encode())
+
+    control = BatchControl()
+    follower = ControlFollower.from_settings(kafka, control, on_cancel=on_cancel)
+    try:
+        for n in range(6):  # spread over the topic's partitions by key
+            await announce(ControlMessage(batch_id=f"batch_{n}", total=2, expires_at=1e12))
+        await announce(ControlMessage(batch_id="batch_0", cancelled=True))
+        await follower.start(catch_up_timeout_s=10)
+        assert len(control) == 6 and control.cancelled("batch_0")
+        assert control.expires_at("batch_0") == 1e12 and not control.cancelled("batch_1")
+        assert cancelled == []  # what was read while catching up is state, not news
+
+        following = asyncio.create_task(follower.follow())
+        await announce(ControlMessage(batch_id="batch_3", cancelled=True))
+        async with asyncio.timeout(10):
+            while not cancelled:
+                await asyncio.sleep(0.05)
+        following.cancel()
+        assert cancelled == ["batch_3"] and control.cancelled("batch_3")
+    finally:
+        await follower.stop()
+        await producer.stop()

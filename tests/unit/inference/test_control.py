@@ -1,0 +1,129 @@
+"""BatchControl (merging control facts) and the handler's cancellation: skipped and aborted lines."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from services.inference.control import FORGET_AFTER_S, BatchControl
+from services.inference.engine import CHAT
+from services.inference.fake_engine import InstantFakeEngine
+from services.inference.handler import RequestHandler
+from shared.protocol.messages import ControlMessage, RequestMessage
+
+
+def test_facts_merge_and_a_cancellation_is_final() -> None:
+    control = BatchControl()
+    assert not control.apply(ControlMessage(batch_id="b", total=3, expires_at=100.0))
+    assert control.apply(ControlMessage(batch_id="b", cancelled=True))  # names no deadline
+    assert control.cancelled("b") and control.expires_at("b") == 100.0
+    assert not control.apply(ControlMessage(batch_id="b", cancelled=True))  # not newly
+    control.apply(ControlMessage(batch_id="b", total=3))
+    assert control.cancelled("b")
+    assert not control.cancelled("other") and not control.cancelled(None)
+    control.forget("b")
+    assert not control.cancelled("b")
+
+
+def test_prune_drops_long_expired_batches_only() -> None:
+    now = 10 * FORGET_AFTER_S
+    control = BatchControl(clock=lambda: now)
+    control.apply(ControlMessage(batch_id="old", expires_at=now - FORGET_AFTER_S - 1))
+    control.apply(ControlMessage(batch_id="recent", expires_at=now - 1))
+    control.apply(ControlMessage(batch_id="cancelled", cancelled=True))
+    assert control.prune() == 1
+    assert control.expires_at("recent") and control.cancelled("cancelled") and len(control) == 2
+
+
+class SlowEngine(InstantFakeEngine):
+    """Runs until released or aborted; an abort raises CancelledError out of ``run`` (as vLLM's)."""
+
+    def __init__(self) -> None:
+        super().__init__(model_id="m")
+        self.started: dict[str, asyncio.Event] = {}
+        self.release = asyncio.Event()
+        self.aborted: list[str] = []
+        self._waits: dict[str, asyncio.Future[None]] = {}
+
+    async def run(self, url, body, request_id, *, max_context_length=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        wait = asyncio.ensure_future(self.release.wait())
+        self._waits[request_id] = wait  # type: ignore[assignment]
+        self.started.setdefault(request_id, asyncio.Event()).set()
+        await wait
+        return 200, {"usage": {}}
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self._waits[request_id].cancel()
+
+
+def line(batch_id: str = "b", n: int = 1, **kw: Any) -> RequestMessage:
+    return RequestMessage(
+        request_id=f"batch_req_{n}",
+        custom_id=f"c{n}",
+        url=CHAT,
+        body={"messages": [{"role": "user", "content": "hi"}]},
+        batch_id=batch_id,
+        line=n,
+        **kw,
+    )
+
+
+async def test_a_line_of_a_cancelled_batch_is_not_run() -> None:
+    engine = InstantFakeEngine()
+    handler = RequestHandler(engine)
+    handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
+    result = await handler.handle(line())
+    assert result.response is None and result.error is not None
+    assert result.error.code == "batch_cancelled" and (result.batch_id, result.line) == ("b", 1)
+    assert engine.calls == 0
+    assert (await handler.handle(line("other"))).succeeded
+
+
+async def test_the_deadline_may_come_from_the_control_topic() -> None:
+    handler = RequestHandler(InstantFakeEngine(), clock=lambda: 50.0)
+    handler.control.apply(ControlMessage(batch_id="b", expires_at=10.0))
+    result = await handler.handle(line())
+    assert result.error is not None and result.error.code == "batch_expired"
+
+
+async def test_running_lines_of_a_cancelled_batch_are_aborted_and_answered() -> None:
+    engine = SlowEngine()
+    handler = RequestHandler(engine)
+    doomed = asyncio.create_task(handler.handle(line("b", 1)))
+    kept = asyncio.create_task(handler.handle(line("keep", 2)))
+    while len(engine.started) < 2:
+        await asyncio.sleep(0)
+    assert handler.running("b") == 1
+    handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
+    await handler.cancel_batch("b")
+    result = await doomed
+    assert result.error is not None and result.error.code == "batch_cancelled"
+    assert len(engine.aborted) == 1 and handler.running("b") == 0
+    engine.release.set()
+    assert (await kept).succeeded
+
+
+async def test_an_abort_for_shutdown_raises_and_publishes_nothing() -> None:
+    engine = SlowEngine()
+    handler = RequestHandler(engine)
+    handler.control.apply(ControlMessage(batch_id="b", cancelled=False, total=1))
+    task = asyncio.create_task(handler.handle(line()))
+    while not engine.started:
+        await asyncio.sleep(0)
+    task.cancel()  # a drain timeout cancels the consumer's task
+    done = await asyncio.gather(task, return_exceptions=True)
+    assert isinstance(done[0], asyncio.CancelledError)
+    assert handler.running("b") == 0
+
+
+async def test_an_engine_abort_without_a_cancelled_batch_is_not_a_result() -> None:
+    engine = SlowEngine()
+    handler = RequestHandler(engine)
+    task = asyncio.create_task(handler.handle(line()))
+    while not engine.started:
+        await asyncio.sleep(0)
+    await engine.abort(next(iter(engine.started)))
+    done = await asyncio.gather(task, return_exceptions=True)
+    assert isinstance(done[0], asyncio.CancelledError)
