@@ -9,6 +9,7 @@ from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
+from services.aggregator.closing import overdue_query
 from shared.protocol.openai import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ class BatchDirectory:
         info = BatchInfo.from_document(doc)
         self._put(info)
         return info
+
+    async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
+        """Ids of batches that must end now although lines may lack results (see closing.py)."""
+        cursor = self._batches.find(overdue_query(now, cancel_timeout_s), {"_id": 1}).limit(limit)
+        return [str(doc["_id"]) async for doc in cursor]
 
     def cached(self, batch_id: str) -> BatchInfo | None:
         return self._cache.get(batch_id)

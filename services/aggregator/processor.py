@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
@@ -85,12 +86,16 @@ class ChunkProcessor:
         writer: ChunkWriter,
         counts: CountsFlusher,
         schedule_finalize: Callable[[str], None],
+        cancel_timeout_s: float = 60.0,
+        sweep_batch_limit: int = 500,
     ) -> None:
         self._states = states
         self._directory = directory
         self._writer = writer
         self._counts = counts
         self._schedule_finalize = schedule_finalize
+        self._cancel_timeout_s = cancel_timeout_s
+        self._sweep_batch_limit = sweep_batch_limit
 
     async def process(self, values: Sequence[bytes | None]) -> None:
         for batch_id, results in decode_results(values).items():
@@ -124,14 +129,22 @@ class ChunkProcessor:
             self._schedule_finalize(batch_id)
 
     async def sweep(self, owns: Callable[[str], bool]) -> list[str]:
-        """Schedule finalize for owned batches whose state is complete; returns their ids.
+        """Schedule finalize for owned batches that are due; returns their ids.
 
-        Covers a crash mid-finalize (document left ``finalizing``), a total that was unknown
-        when the last line arrived, and a finalize that failed.
+        Due: a complete state (covers a crash mid-finalize, a total that was unknown when the
+        last line arrived, a finalize that failed), and overdue batch documents: expired, or
+        cancelling for longer than the cancel timeout, whether or not any result ever came
+        (no worker of the model may be alive). The owner of a batch is the owner of its
+        results partition, so exactly one worker closes it.
         """
         due: list[str] = []
+        overdue = await self._directory.overdue(time.time(), self._cancel_timeout_s, self._sweep_batch_limit)
+        for batch_id in overdue:
+            if owns(batch_id):
+                self._schedule_finalize(batch_id)
+                due.append(batch_id)
         for batch_id in list(self._states.keys()):
-            if not owns(batch_id):
+            if batch_id in due or not owns(batch_id):
                 continue
             state = BatchState.from_dict(self._states.get(batch_id))
             info = self._directory.cached(batch_id)

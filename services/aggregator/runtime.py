@@ -41,6 +41,7 @@ class Runtime:
             directory=self.directory,
             work_dir=config.data_dir,
             download_concurrency=config.download_concurrency,
+            cancel_timeout_s=config.cancel_timeout_s,
         )
         self.scheduler = FinalizeScheduler(self.finalizer, config.finalize_concurrency)
         self.processor = ChunkProcessor(
@@ -49,6 +50,8 @@ class Runtime:
             writer=ChunkWriter(self.store),
             counts=self.counts,
             schedule_finalize=self.scheduler.schedule,
+            cancel_timeout_s=config.cancel_timeout_s,
+            sweep_batch_limit=config.sweep_batch_limit,
         )
         self._bucket_ready = False
 

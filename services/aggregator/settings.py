@@ -25,3 +25,8 @@ class AggregatorConfig(AggregatorSettings):
     finalize_concurrency: int = 2
     download_concurrency: int = 16
     batch_cache_size: int = 10_000
+    # A cancelling batch ends ``cancelled`` once every line has a result, or this long after
+    # ``cancelling_at``: lines still without one then get a ``batch_cancelled`` error line.
+    cancel_timeout_s: float = 60.0
+    # Most overdue batches (expired or cancel timed out) one sweep looks at.
+    sweep_batch_limit: int = 500

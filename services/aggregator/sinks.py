@@ -15,23 +15,36 @@ import shutil
 import tempfile
 import time
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
 from services.aggregator import metrics
-from services.aggregator.batches import BatchDirectory
+from services.aggregator.batches import RUNNING_STATUSES, BatchDirectory
 from services.aggregator.chunks import encode_chunk, merge_and_split
-from services.aggregator.state import BatchState
+from services.aggregator.closing import close_reason, write_fill
+from services.aggregator.state import BatchState, SeenLines
 from shared.documents import file_document
 from shared.protocol.messages import ResultMessage
 from shared.protocol.openai import TERMINAL_STATUSES, FileObject
-from shared.storage import ObjectStore, file_key, result_chunk_prefix
+from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
 
 log = logging.getLogger(__name__)
 
 Document = dict[str, Any]
+# Statuses a batch can be finalized from; RUNNING_STATUSES also have a final total.
+OPEN_STATUSES = ["validating", *sorted(RUNNING_STATUSES)]
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What the error lines of a batch ended early are made from."""
+
+    code: str
+    input_file_id: str
+    seen: SeenLines
 
 
 def output_file_id(batch_id: str, kind: str) -> str:
@@ -72,6 +85,7 @@ class Finalizer:
         directory: BatchDirectory,
         work_dir: str,
         download_concurrency: int = 16,
+        cancel_timeout_s: float = 60.0,
     ) -> None:
         self._batches = batches
         self._files = files
@@ -80,9 +94,16 @@ class Finalizer:
         self._directory = directory
         self._work_dir = work_dir
         self._download_slots = asyncio.Semaphore(download_concurrency)
+        self._cancel_timeout_s = cancel_timeout_s
 
     async def finalize(self, batch_id: str) -> str | None:
-        """Finalize the batch if every line is accounted for; returns the status it ended in."""
+        """End the batch if it is due; returns the status it ended in (None: not due yet).
+
+        Due when every line is accounted for (``completed``, or ``cancelled`` when cancelling),
+        or when it must end early (:func:`close_reason`: expired, or the cancel timeout ran
+        out); lines still without a result then get a ``batch_expired``/``batch_cancelled``
+        error line.
+        """
         doc = await self._batches.find_one({"_id": batch_id})
         if doc is None:
             log.warning("finalize: no batch document", extra={"batch_id": batch_id})
@@ -93,26 +114,41 @@ class Finalizer:
             return status
         total = int((doc.get("request_counts") or {}).get("total") or 0)
         state = BatchState.from_dict(self._states.get(batch_id))
-        if status not in {"in_progress", "finalizing", "cancelling"} or not 0 < total <= state.done:
+        complete = status in RUNNING_STATUSES and 0 < total <= state.done
+        reason = None if complete else close_reason(doc, time.time(), self._cancel_timeout_s)
+        if not complete and reason is None:
             return None
         started = time.monotonic()
-        final = "cancelled" if status == "cancelling" else "completed"
-        if status == "in_progress":
+        if reason is not None:
+            final = reason.status
+        else:
+            final = "cancelled" if status == "cancelling" else "completed"
+        if complete and status == "in_progress":
             await self._batches.update_one(
                 {"_id": batch_id, "status": "in_progress"},
                 {"$set": {"status": "finalizing", "finalizing_at": int(time.time())}},
             )
-        update = await self._write_files(batch_id, str(doc.get("project") or "default"))
-        update["request_counts"]["total"] = total
+        fill = None
+        if reason is not None and total > 0:
+            fill = Fill(reason.code, str(doc.get("input_file_id") or ""), state.seen)
+        update = await self._write_files(batch_id, str(doc.get("project") or "default"), fill)
+        counts = update["request_counts"]
+        counts["total"] = total
+        if fill is not None and counts["completed"] + counts["failed"] != total:
+            log.warning(
+                "finalize: lines in the files differ from the total",
+                extra={"batch_id": batch_id, "total": total, "files": dict(counts)},
+            )
+            counts["failed"] = max(total - counts["completed"], 0)  # keep the counts whole
         update.update(status=final, usage=state.usage_document(), **{f"{final}_at": int(time.time())})
         await self._batches.update_one(
-            {"_id": batch_id, "status": {"$in": ["in_progress", "finalizing", "cancelling"]}},
+            {"_id": batch_id, "status": {"$in": OPEN_STATUSES}},
             {"$set": update},
         )
-        if state.completed != update["request_counts"]["completed"]:
+        if state.completed != counts["completed"]:
             log.warning(
                 "finalize: file counts differ from live counts",
-                extra={"batch_id": batch_id, "live": state.done, "files": update["request_counts"]},
+                extra={"batch_id": batch_id, "live": state.done, "files": counts},
             )
         metrics.BATCHES_FINALIZED.labels(final).inc()
         metrics.FINALIZE_SECONDS.observe(time.monotonic() - started)
@@ -127,10 +163,12 @@ class Finalizer:
         if batch_id in self._states:
             del self._states[batch_id]
 
-    async def _write_files(self, batch_id: str, project: str) -> dict[str, Any]:
+    async def _write_files(self, batch_id: str, project: str, fill: Fill | None) -> dict[str, Any]:
         work = Path(await asyncio.to_thread(_make_work_dir, self._work_dir, batch_id))
         try:
             chunks = await self._download_chunks(batch_id, work)
+            if fill is not None and (path := await self._write_fill(batch_id, fill, work)):
+                chunks.append(path)  # last: a real result for the same line wins
             output, errors = work / "output.jsonl", work / "error.jsonl"
             split = await asyncio.to_thread(merge_and_split, chunks, work, output, errors)
             output_id = error_id = None
@@ -145,6 +183,24 @@ class Finalizer:
             "error_file_id": error_id,
             "request_counts": {"completed": split.completed, "failed": split.failed},
         }
+
+    async def _write_fill(self, batch_id: str, fill: Fill, work: Path) -> Path | None:
+        """Error lines for the lines without a result, streamed from the input file."""
+        file_doc = await self._files.find_one({"_id": fill.input_file_id}, {"object_key": 1})
+        if file_doc is None or not file_doc.get("object_key"):
+            log.warning("finalize: input file gone", extra={"batch_id": batch_id})
+            return None
+        path = work / "fill.chunk"
+        try:
+            lines = self._store.iter_lines(str(file_doc["object_key"]))
+            written = await write_fill(batch_id, lines, fill.seen, fill.code, path)
+        except ObjectNotFound:
+            log.warning("finalize: input object gone", extra={"batch_id": batch_id})
+            return None
+        log.info(
+            "finalize: lines never run", extra={"batch_id": batch_id, "lines": written, "code": fill.code}
+        )
+        return path
 
     async def _download_chunks(self, batch_id: str, work: Path) -> list[Path]:
         keys = sorted(await self._store.list_keys(result_chunk_prefix(batch_id)))

@@ -15,7 +15,7 @@ from typing import Any
 
 from shared.protocol.messages import ResultMessage
 
-# A guard against a corrupt line number allocating a huge bitmap when the total is still unknown.
+# A guard against a corrupt line number allocating a huge bitmap (125 KB at most).
 MAX_LINES = 1_000_000
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
 
@@ -101,10 +101,12 @@ class BatchState:
         """Split results into new lines (sorted by line) and drop the rest.
 
         Returns ``(new, duplicates, invalid)``: a line already seen, or seen twice in this
-        chunk, is a duplicate; a line outside ``1..total`` (or ``1..MAX_LINES`` while the
-        total is unknown) is invalid. Nothing is recorded until :meth:`record`.
+        chunk, is a duplicate; a line outside ``1..MAX_LINES`` is invalid. ``total`` is not a
+        bound: line numbers count every line of the input file, blank lines included, while
+        ``total`` counts only request lines, so a file with blank lines has numbers above it.
+        Nothing is recorded until :meth:`record`.
         """
-        limit = total if total > 0 else MAX_LINES
+        limit = MAX_LINES
         fresh: dict[int, ResultMessage] = {}
         duplicates = invalid = 0
         for result in results:

@@ -44,8 +44,14 @@ def test_select_new_drops_seen_repeats_and_bad_lines() -> None:
     assert [r.line for r in fresh] == [1, 3]
     assert (dups, invalid) == (1, 1)
     state.record(fresh)
-    fresh, dups, invalid = state.select_new([result(1), result(2), result(4)], total=3)
+    fresh, dups, invalid = state.select_new([result(1), result(2), result(None)], total=3)
     assert [r.line for r in fresh] == [2] and (dups, invalid) == (1, 1)
+
+
+def test_line_numbers_above_total_are_valid() -> None:
+    """Blank input lines are numbered but not counted in the total: line 5 of 4 requests is fine."""
+    fresh, _, invalid = BatchState().select_new([result(5)], total=4)
+    assert [r.line for r in fresh] == [5] and invalid == 0
 
 
 def test_unknown_total_caps_lines() -> None:

@@ -1,0 +1,103 @@
+"""Ending a batch before every line has a result: expiry and the cancel timeout.
+
+``close_reason`` decides from the batch document alone whether a batch is overdue. The finalizer
+then writes one error line per line still without a result (``batch_expired`` or
+``batch_cancelled``) by streaming the input file from object storage, and merges those lines
+after the result chunks, so a real result always wins over a fill line for the same number.
+Line numbers count every line of the input file, blank lines included (as the api's emitter
+numbers them); blank lines get no output line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.aggregator.state import SeenLines
+
+log = logging.getLogger(__name__)
+
+EXPIRABLE_STATUSES = ("validating", "in_progress", "finalizing")
+MESSAGES = {
+    "batch_expired": "This request was not run: the batch expired before it could be processed.",
+    "batch_cancelled": "This request was not run: the batch was cancelled.",
+}
+
+
+@dataclass(frozen=True)
+class CloseReason:
+    status: str  # the terminal status: "expired" or "cancelled"
+    code: str  # the error code of every line without a result
+
+
+EXPIRED = CloseReason("expired", "batch_expired")
+CANCELLED = CloseReason("cancelled", "batch_cancelled")
+
+
+def close_reason(doc: dict[str, Any], now: float, cancel_timeout_s: float) -> CloseReason | None:
+    """Why the batch must end now although lines lack results, or None when it need not."""
+    status = doc.get("status")
+    if status == "cancelling":
+        cancelling_at = doc.get("cancelling_at")
+        if cancelling_at is None or cancelling_at + cancel_timeout_s <= now:
+            return CANCELLED
+        return None
+    expires_at = doc.get("expires_at")
+    if status in EXPIRABLE_STATUSES and expires_at is not None and expires_at <= now:
+        return EXPIRED
+    return None
+
+
+def overdue_query(now: float, cancel_timeout_s: float) -> dict[str, Any]:
+    """Batch documents :func:`close_reason` would close (the sweep's MongoDB filter)."""
+    return {
+        "$or": [
+            {"status": {"$in": list(EXPIRABLE_STATUSES)}, "expires_at": {"$lte": now}},
+            {"status": "cancelling", "cancelling_at": {"$lte": now - cancel_timeout_s}},
+        ]
+    }
+
+
+def fill_request_id(batch_id: str, line: int) -> str:
+    """A stable id for a line that never ran (the same on every re-run of a finalize)."""
+    return "batch_req_" + hashlib.sha256(f"{batch_id}:{line}".encode()).hexdigest()[:24]
+
+
+def fill_record(batch_id: str, line: int, raw: bytes, code: str) -> bytes:
+    """One chunk-format record (see ``chunks.py``) for a line that never ran."""
+    try:
+        item = json.loads(raw)
+        custom_id = item.get("custom_id") if isinstance(item, dict) else None
+    except ValueError:
+        custom_id = None
+    payload = {
+        "id": fill_request_id(batch_id, line),
+        "custom_id": custom_id if isinstance(custom_id, str) else None,
+        "response": None,
+        "error": {"code": code, "message": MESSAGES[code]},
+    }
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return b"%d 0 %s\n" % (line, text.encode())
+
+
+async def write_fill(
+    batch_id: str, lines: AsyncIterator[bytes], seen: SeenLines, code: str, path: Path
+) -> int:
+    """Write a record for every request line not in ``seen``, in line order; returns how many.
+
+    Holds one input line at a time (the bitmap is 6 KB for 50,000 lines).
+    """
+    written = number = 0
+    with path.open("wb") as out:
+        async for raw in lines:
+            number += 1
+            if not raw.strip() or number in seen:
+                continue
+            out.write(fill_record(batch_id, number, raw, code))
+            written += 1
+    return written
