@@ -241,7 +241,9 @@ def stop_pid(pid: int, start_time: str | None, timeout_s: float) -> None:
             if not _running(pid) and not _group_members(pid):
                 return
             time.sleep(0.1)
-    elif not _group_members(pid):
+    elif _running(pid) or not _group_members(pid):
+        # Either the PID now belongs to another process (the kernel never reuses a PID while a
+        # process group of that id exists, so our group is gone) or nothing of ours is left.
         return
     _signal_group(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5

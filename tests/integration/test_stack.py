@@ -104,3 +104,11 @@ def test_up_is_idempotent_and_stop_leaves_no_process(tmp_path: Path) -> None:
         assert not _running(pid), f"pid {pid} is still running"
         assert not _group_members(pid), f"process group {pid} still has members"
     assert list((tmp_path / "state" / "run").glob("*.pid")) == []
+
+
+@pytest.mark.e2e
+def test_whole_stack_is_healthy(stack: Stack, model_id: str) -> None:
+    status = stack.status()
+    assert all(state.startswith("healthy") for state in status.values()), status
+    assert any(name.startswith("inference-") for name in status), status
+    assert model_id == stack.models[0].served_name
