@@ -1,0 +1,132 @@
+"""Fixtures for the api contract tests: SDK and HTTP clients, a second project, extra api processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+from pymongo import MongoClient
+
+from deploy.local.stack import Stack
+
+UNSERVED_MODEL = "unserved-model"
+
+
+@pytest.fixture(scope="session")
+def mongo_db(stack: Stack) -> Iterator[Any]:
+    env = stack.env()
+    client: MongoClient[dict[str, Any]] = MongoClient(env["BATCHSTREAM_MONGO_URI"])
+    yield client[env["BATCHSTREAM_MONGO_DATABASE"]]
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def unserved_model(mongo_db: Any) -> str:
+    """A model the api knows but no worker serves: its lines wait on Kafka and never run."""
+    mongo_db.models.update_one(
+        {"_id": UNSERVED_MODEL},
+        {"$set": {"created": 1, "max_context_length": 4096, "endpoints": ["/v1/chat/completions"]}},
+        upsert=True,
+    )
+    return UNSERVED_MODEL
+
+
+@pytest.fixture(scope="session")
+def client(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def http(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=60
+    ) as c:
+        yield c
+
+
+def create_key(stack: Stack, project: str) -> str:
+    """A key made the way an operator makes one: ``python -m services.api.keys create``."""
+    out = subprocess.run(
+        [sys.executable, "-m", "services.api.keys", "create", "--project", project],
+        env={**os.environ, **stack.env()},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def other_client(stack: Stack) -> OpenAI:
+    """A client of another project."""
+    return OpenAI(base_url=stack.base_url, api_key=create_key(stack, "other-team"), max_retries=0)
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "\n".join(json.dumps(line) for line in lines).encode()
+
+
+def chat_request(custom_id: str, model: str, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], **body},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@contextmanager
+def extra_api(stack: Stack, **overrides: str) -> Iterator[str]:
+    """Another api process on the same stack with some settings changed; yields its base URL."""
+    port = _free_port()
+    env = {**os.environ, **stack.env(), "BATCHSTREAM_API_PORT": str(port), **overrides}
+    command = [sys.executable, "-m", "uvicorn", "services.api.app:create_app", "--factory"]
+    proc = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def answering() -> bool:
+        assert proc.poll() is None, "the extra api exited"
+        try:
+            return httpx.get(f"{base}/health", timeout=2).status_code in (200, 503)
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(answering, 60, "the extra api")
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
