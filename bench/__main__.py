@@ -1,0 +1,86 @@
+"""Run the benchmarks: ``python -m bench [--only parity|pipeline] [options]`` (``make bench``).
+
+Prints tables and writes bench/results/bench-<time>.json and bench/results/latest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from bench import parity, pipeline
+from bench.common import default_path, machine
+from deploy.local.stack import REPO_ROOT
+
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--only", choices=["parity", "pipeline"], help="run one benchmark")
+    parser.add_argument(
+        "--inference-python",
+        default=default_path("BATCHSTREAM_BENCH_INFERENCE_PYTHON", ".venv-inference/bin/python"),
+        help="python with vLLM (env BATCHSTREAM_BENCH_INFERENCE_PYTHON)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        default=default_path("BATCHSTREAM_BENCH_MODEL_DIR", ".cache/models/tiny-llama"),
+        help="model both engines load (env BATCHSTREAM_BENCH_MODEL_DIR)",
+    )
+    parity_group = parser.add_argument_group("engine parity")
+    parity_group.add_argument("--rounds", type=int, default=3)
+    parity_group.add_argument("--parity-requests", type=int, default=300)
+    parity_group.add_argument("--max-tokens", type=int, default=64)
+    parity_group.add_argument("--max-num-seqs", type=int, default=64)
+    parity_group.add_argument("--max-model-len", type=int, default=2048)
+    parity_group.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE for both")
+    pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
+    pipe.add_argument("--lines", type=int, default=50_000)
+    pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
+    pipe.add_argument("--small-runs", type=int, default=3, help="runs of the 10-line batch alone")
+    pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
+    return parser.parse_args(argv)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+    m = report["machine"]
+    print(f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, {m['memory_gib']} GiB", flush=True)
+    started = time.monotonic()
+    if args.only in (None, "pipeline"):
+        report["pipeline"] = pipeline.run(args, RESULTS_DIR)
+    if args.only in (None, "parity"):
+        report["parity"] = parity.run(args)
+    report["duration_s"] = time.monotonic() - started
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    text = json.dumps(_clean(report), indent=2, default=str)
+    path = RESULTS_DIR / f"bench-{stamp}.json"
+    path.write_text(text)
+    (RESULTS_DIR / "latest.json").write_text(text)
+    print(f"\nresults: {path} ({report['duration_s']:.0f} s in all)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""Pipeline ceiling: the stack with the instant fake engine and one large batch.
+
+Measures, for a ``--lines`` batch padded to about ``--line-bytes`` per line (50,000 x 4,000 B,
+about 200 MB, by default):
+
+- upload, validation and emission; ingest = start of upload until the batch document says every
+  request message was published (``emitted``), i.e. all lines are on Kafka;
+- the whole batch: ``batches.create`` until the document turns ``completed``;
+- live-count lag: for each result on the results topic (its Kafka timestamp) the time until the
+  batch document's completed + failed first covered it (documents polled every 50 ms, so the lag
+  is an upper bound within 50 ms);
+- finalize: the document turning ``finalizing`` until ``completed``, both polled;
+- CPU seconds per 1,000 lines for every process of the stack (psutil, process trees), and each
+  one's peak RSS sampled every 200 ms;
+- head-of-line: a 10-line batch created as soon as the large one is ``in_progress``, against the
+  same batch alone on the idle stack (median of ``--small-runs``).
+
+``--profile SERVICE`` records the named service with py-spy (if installed) during the large batch
+and prints its hottest functions; the raw collapsed stacks are saved under bench/results/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from openai import OpenAI
+
+from bench.common import (
+    MongoPoller,
+    ProcessSampler,
+    chat_line,
+    median,
+    new_stack,
+    percentile,
+    service_names,
+    start_stack,
+    table,
+    write_padded_file,
+)
+from deploy.local.stack import ModelSpec, Stack
+from shared.topics import results_topic
+
+MODEL = "fake-model"
+SMALL_LINES = 10
+
+
+class ResultsTap:
+    """Reads the results topic in a thread and keeps each record's Kafka timestamp by batch id."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.settings = stack.kafka_settings()
+        self.times: dict[str, list[float]] = collections.defaultdict(list)
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+
+    async def _run(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            results_topic(self.settings),
+            bootstrap_servers=self.settings.bootstrap_servers,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+                now = time.time()
+                for records in batches.values():
+                    for record in records:
+                        key = record.key.decode() if record.key else ""
+                        stamp = record.timestamp / 1000 if record.timestamp and record.timestamp > 0 else now
+                        self.times[key].append(stamp)
+        finally:
+            await consumer.stop()
+
+    def wait_for(self, batch_id: str, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.times.get(batch_id, ())) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+class Profiler:
+    """py-spy recording one PID until stopped (SIGINT makes py-spy write its output)."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(exe).exists():
+            raise SystemExit("--profile needs py-spy (pip install py-spy==0.4.3 into this environment)")
+        self.out = out
+        argv = [exe, "record", "-p", str(pid), "-r", "100", "-f", "raw", "-o", str(out), "--nonblocking"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def stop(self) -> list[tuple[str, int]]:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        return parse_collapsed(self.out) if self.out.exists() else []
+
+
+def parse_collapsed(path: Path) -> list[tuple[str, int]]:
+    stacks = []
+    for line in path.read_text().splitlines():
+        frames, _, count = line.rpartition(" ")
+        if count.isdigit():
+            stacks.append((frames, int(count)))
+    return stacks
+
+
+def _func(frame: str) -> str:
+    """'fn (path/to/file.py:12)' -> 'fn (to/file.py)': line numbers dropped, path shortened."""
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")").rsplit(":", 1)[0]
+    for marker in ("site-packages/", "/work/", "python3.11/"):
+        if marker in where:
+            where = where.split(marker, 1)[1]
+    return f"{name} ({where})" if where else name
+
+
+def profile_summary(stacks: list[tuple[str, int]], top: int = 15) -> dict[str, Any]:
+    total = sum(c for _, c in stacks) or 1
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    idle = 0
+    for frames, count in stacks:
+        parts = [_func(f) for f in frames.split(";")[1:]]  # the first is the thread
+        if not parts:
+            continue
+        leaf = parts[-1]
+        if any(w in leaf for w in ("select (", "poll (", "epoll", "_run_once", "wait (")):
+            idle += count
+        own[leaf] += count
+        for name in set(parts):
+            inclusive[name] += count
+    return {
+        "samples": total,
+        "idle_share": idle / total,
+        "self": [(n, c / total) for n, c in own.most_common(top)],
+        "inclusive": [(n, c / total) for n, c in inclusive.most_common(top * 3)],
+    }
+
+
+def run_small(client: OpenAI, poller: MongoPoller, file_id: str) -> tuple[str, float]:
+    created = time.time()
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return batch.id, created
+
+
+def upload_small(client: OpenAI, tag: str) -> str:
+    data = "\n".join(chat_line(f"{tag}-{i}", MODEL, f"hello {i}", max_tokens=16) for i in range(SMALL_LINES))
+    return client.files.create(file=(f"{tag}.jsonl", data.encode()), purpose="batch").id
+
+
+def run(args: Any, results_dir: Path) -> dict[str, Any]:
+    stack = new_stack([ModelSpec("", MODEL, engine="fake")])
+    work = Path(tempfile.mkdtemp(prefix="batchstream-pipeline-"))
+    big_path = work / "big.jsonl"
+    size = write_padded_file(big_path, args.lines, args.line_bytes, MODEL, "line")
+    print(
+        f"pipeline: {args.lines:,} lines, {size / 1e6:,.1f} MB; starting the stack (fake engine) ...",
+        flush=True,
+    )
+    try:
+        startup = start_stack(stack)
+        client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
+        poller = MongoPoller(stack)
+        try:
+            result = _measure(args, stack, client, poller, big_path, size, results_dir)
+        finally:
+            poller.close()
+    finally:
+        stack.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    result["startup"] = startup
+    _print(result)
+    return result
+
+
+def _measure(
+    args: Any,
+    stack: Stack,
+    client: OpenAI,
+    poller: MongoPoller,
+    big_path: Path,
+    size: int,
+    results_dir: Path,
+) -> dict[str, Any]:
+    # Head-of-line baseline: the small batch alone on the idle stack (the first run warms up).
+    alone = []
+    for n in range(args.small_runs + 1):
+        small_id, created = run_small(client, poller, upload_small(client, f"alone{n}"))
+        trace = poller.wait(small_id, 120)
+        if n:
+            alone.append(trace.status_at["completed"] - created)
+    small_file = upload_small(client, "during")
+
+    pids = {name: pid for name in service_names(stack) if (pid := stack.pid(name)) is not None}
+    tap = ResultsTap(stack)
+    profiler = None
+    if args.profile and args.profile != "none":
+        target = next((n for n in pids if n == args.profile or n.startswith(args.profile)), None)
+        if target is None:
+            raise SystemExit(f"--profile {args.profile}: no such service among {', '.join(pids)}")
+        profiler = Profiler(
+            pids[target], results_dir / f"profile-{target}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+        )
+    with ProcessSampler(pids) as sampler:
+        t_upload = time.time()
+        with big_path.open("rb") as fh:
+            upload = client.files.create(file=("big.jsonl", fh), purpose="batch")
+        t_create = time.time()
+        big = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        big_trace = poller.wait(big.id, 600, "in_progress")
+        small_id, small_created = run_small(client, poller, small_file)
+        small_trace = poller.wait(small_id, 600)
+        big_trace = poller.wait(big.id, 900)
+        t_done = time.time()
+        tap.wait_for(big.id, args.lines, 30)
+    tap.close()
+    profile = None
+    if profiler is not None:
+        profile = profile_summary(profiler.stop())
+        profile["service"] = args.profile
+        profile["raw"] = str(profiler.out)
+
+    doc = big_trace.doc
+    counts = doc.get("request_counts") or {}
+    at = big_trace.status_at
+    emitted_at = big_trace.emitted_at or float("nan")
+    completed = at.get("completed", t_done)
+    results = sorted(tap.times.get(big.id, []))
+    lag = _count_lag(results, big_trace.counts)
+    cpu = sampler.cpu
+    lines = args.lines
+    out = {
+        "settings": {
+            "lines": lines,
+            "line_bytes": args.line_bytes,
+            "file_bytes": size,
+            "small_lines": SMALL_LINES,
+            "small_runs": args.small_runs,
+        },
+        "status": doc.get("status"),
+        "request_counts": counts,
+        "upload_s": t_create - t_upload,
+        "upload_mb_per_s": size / 1e6 / (t_create - t_upload),
+        "validate_s": at.get("in_progress", float("nan")) - t_create,
+        "emit_s": emitted_at - at.get("in_progress", float("nan")),
+        "ingest_s": emitted_at - t_upload,
+        "ingest_lines_per_s": lines / (emitted_at - t_upload),
+        "create_to_emitted_s": emitted_at - t_create,
+        "batch_s": completed - t_create,
+        "batch_lines_per_s": lines / (completed - t_create),
+        "upload_to_completed_s": completed - t_upload,
+        "first_result_after_create_s": (results[0] - t_create) if results else float("nan"),
+        "last_result_after_create_s": (results[-1] - t_create) if results else float("nan"),
+        "last_result_to_finalizing_s": (at.get("finalizing", float("nan")) - results[-1])
+        if results
+        else float("nan"),
+        "finalize_s": completed - at.get("finalizing", float("nan")),
+        "finalize_s_from_documents": (doc.get("completed_at") or 0) - (doc.get("finalizing_at") or 0),
+        "results_seen_on_topic": len(results),
+        "count_updates_seen": len(big_trace.counts),
+        "live_count_lag_s": lag,
+        "cpu_s": cpu,
+        "cpu_s_per_1000_lines": {n: c / lines * 1000 for n, c in cpu.items()},
+        "cpu_s_total": sum(cpu.values()),
+        "bench_client_cpu_s": sampler.client_cpu_s,
+        "peak_rss_mib": {n: b / 2**20 for n, b in sampler.peak_rss.items()},
+        "head_of_line": {
+            "alone_s": alone,
+            "alone_median_s": median(alone),
+            "during_s": small_trace.status_at.get("completed", float("nan")) - small_created,
+            "during_status": small_trace.doc.get("status"),
+            "during_created_after_big_create_s": small_created - t_create,
+        },
+        "targets": {},
+        "profile": profile,
+    }
+    out["targets"] = {
+        "ingest_under_10_s": out["ingest_s"] < 10,
+        "batch_under_30_s": out["batch_s"] < 30,
+    }
+    return out
+
+
+def _count_lag(results: list[float], counts: list[tuple[float, int]]) -> dict[str, float]:
+    """Per result k (in time order): when the document's count first reached k, minus its time."""
+    if not results or not counts:
+        return {}
+    seen_values = [c for _, c in counts]
+    lags = []
+    for k in range(1, len(results) + 1):
+        i = bisect.bisect_left(seen_values, k)  # counts only grow
+        if i < len(counts):
+            lags.append(counts[i][0] - results[k - 1])
+    return {
+        "p50": percentile(lags, 50),
+        "p95": percentile(lags, 95),
+        "max": max(lags) if lags else float("nan"),
+        "poll_interval": 0.05,
+    }
+
+
+def _print(r: dict[str, Any]) -> None:
+    s = r["settings"]
+    lag = r["live_count_lag_s"]
+    hol = r["head_of_line"]
+    rows = [
+        ["upload", r["upload_s"], f"{r['upload_mb_per_s']:.1f} MB/s", ""],
+        ["validate (create -> in_progress)", r["validate_s"], "", ""],
+        ["emit (in_progress -> emitted)", r["emit_s"], "", ""],
+        [
+            "ingest (upload -> all on Kafka)",
+            r["ingest_s"],
+            f"{r['ingest_lines_per_s']:,.0f} lines/s",
+            "< 10 s",
+        ],
+        [
+            "whole batch (create -> completed)",
+            r["batch_s"],
+            f"{r['batch_lines_per_s']:,.0f} lines/s",
+            "< 30 s",
+        ],
+        ["upload -> completed", r["upload_to_completed_s"], "", ""],
+        ["first result after create", r["first_result_after_create_s"], "", ""],
+        ["last result after create", r["last_result_after_create_s"], "", ""],
+        ["last result -> finalizing", r["last_result_to_finalizing_s"], "", ""],
+        ["finalize (finalizing -> completed)", r["finalize_s"], "", ""],
+        [
+            "live-count lag p50 / p95 / max",
+            lag.get("p50", float("nan")),
+            f"{lag.get('p95', 0):.2f} / {lag.get('max', 0):.2f} s",
+            "",
+        ],
+        [f"{s['small_lines']}-line batch alone (median)", hol["alone_median_s"], "", ""],
+        [f"{s['small_lines']}-line batch during the big one", hol["during_s"], hol["during_status"], ""],
+    ]
+    print()
+    print(
+        table(
+            f"Pipeline ceiling (fake engine): {s['lines']:,} lines, {s['file_bytes'] / 1e6:,.1f} MB, "
+            f"status {r['status']}, counts {r['request_counts']}",
+            ["step", "seconds", "rate / note", "target"],
+            rows,
+        )
+    )
+    print()
+    print(
+        table(
+            "Per service during the big batch (upload to completed)",
+            ["service", "CPU s", "CPU s / 1,000 lines", "peak RSS MiB"],
+            [
+                [n, r["cpu_s"][n], r["cpu_s_per_1000_lines"][n], r["peak_rss_mib"][n]]
+                for n in sorted(r["cpu_s"], key=lambda n: -r["cpu_s"][n])
+            ]
+            + [["(all)", r["cpu_s_total"], r["cpu_s_total"] / s["lines"] * 1000, float("nan")]],
+        )
+    )
+    print(f"bench client CPU (upload, polling, results tap): {r['bench_client_cpu_s']:.1f} s")
+    targets = r["targets"]
+    print(
+        f"targets: ingest < 10 s: {'met' if targets['ingest_under_10_s'] else 'NOT met'}; "
+        f"whole batch < 30 s: {'met' if targets['batch_under_30_s'] else 'NOT met'}"
+    )
+    profile = r.get("profile")
+    if profile:
+        print()
+        print(
+            table(
+                f"py-spy profile of {profile['service']} ({profile['samples']:,} samples, "
+                f"idle/poll share {profile['idle_share']:.0%}): self time",
+                ["function", "share"],
+                [[n, f"{share:.1%}"] for n, share in profile["self"]],
+            )
+        )
+        print(f"raw collapsed stacks: {profile['raw']}")
