@@ -61,14 +61,14 @@ def build_args(settings: InferenceSettings) -> Namespace:
         settings.dtype,
         "--max-num-seqs",
         str(settings.max_num_seqs),
-        "--max-model-len",
-        str(settings.max_model_len),
         "--tensor-parallel-size",
         str(settings.tensor_parallel_size),
         "--gpu-memory-utilization",
         str(settings.gpu_memory_utilization),
         "--disable-log-stats",
     ]
+    if settings.max_model_len > 0:  # 0: the model's own limit
+        argv += ["--max-model-len", str(settings.max_model_len)]
     if settings.served_model_name:
         argv += ["--served-model-name", settings.served_model_name]
     if settings.enforce_eager:

