@@ -7,6 +7,7 @@ internal fields below; a stored file document holds every ``FileObject`` field p
 Batch internal fields:
 - ``project``: the project that owns the batch (from the API key).
 - ``defaults``: ``SamplingDefaults`` as a dict (batch-level sampling defaults).
+- ``sort_key``: nanoseconds at creation (files too); lists sort and page by it.
 - ``output_expires_after``: ``{anchor, seconds}`` for the output and error files, or None.
 - ``emitted``: True once every request message has been published (a restarted api re-emits
   batches left ``in_progress`` with ``emitted`` False; duplicates are counted once downstream).
@@ -17,12 +18,18 @@ Model documents (``models`` collection), upserted by inference workers as a hear
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from shared.protocol.openai import Batch, FileObject
 
-BATCH_INTERNAL_FIELDS = ("project", "defaults", "emitted", "output_expires_after")
-FILE_INTERNAL_FIELDS = ("project", "object_key", "deleted")
+BATCH_INTERNAL_FIELDS = ("project", "defaults", "emitted", "output_expires_after", "sort_key")
+FILE_INTERNAL_FIELDS = ("project", "object_key", "deleted", "sort_key")
+
+
+def sort_key() -> int:
+    """Creation order finer than ``created_at`` seconds, so lists page in the order things were made."""
+    return time.time_ns()
 
 
 def batch_from_document(doc: dict[str, Any]) -> Batch:
@@ -39,5 +46,5 @@ def file_from_document(doc: dict[str, Any]) -> FileObject:
 def file_document(public: FileObject, project: str, object_key: str) -> dict[str, Any]:
     doc = public.model_dump()
     doc["_id"] = doc.pop("id")
-    doc.update(project=project, object_key=object_key)
+    doc.update(project=project, object_key=object_key, sort_key=sort_key())
     return doc

@@ -43,8 +43,8 @@ class Mongo:
         return self.db["models"]
 
     async def ensure_indexes(self) -> None:
-        await self.files.create_index([("project", ASCENDING), ("created_at", DESCENDING)])
-        await self.batches.create_index([("project", ASCENDING), ("created_at", DESCENDING)])
+        await self.files.create_index([("project", ASCENDING), ("sort_key", DESCENDING)])
+        await self.batches.create_index([("project", ASCENDING), ("sort_key", DESCENDING)])
         await self.batches.create_index([("status", ASCENDING)])
         await self.idempotency.create_index([("created_at_date", ASCENDING)], expireAfterSeconds=86_400)
 

@@ -15,7 +15,7 @@ from services.api.service.files import FileService, page
 from services.api.service.idempotency import CreateDeduplicator
 from services.api.service.validation import InputValidator
 from shared import ids
-from shared.documents import batch_from_document
+from shared.documents import batch_from_document, sort_key
 from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.mongo import Mongo
 from shared.protocol.messages import ControlMessage
@@ -113,6 +113,7 @@ class BatchService:
             "completion_window": params.completion_window,
             "status": "validating",
             "created_at": now,
+            "sort_key": sort_key(),
             "expires_at": now + window,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": metadata,
@@ -139,11 +140,8 @@ class BatchService:
         query: dict[str, Any] = {"project": project}
         if after:
             anchor = await self.document(project, after)
-            query["$or"] = [
-                {"created_at": {"$lt": anchor["created_at"]}},
-                {"created_at": anchor["created_at"], "_id": {"$lt": anchor["_id"]}},
-            ]
-        cursor = self.mongo.batches.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
+            query["sort_key"] = {"$lt": anchor.get("sort_key", 0)}
+        cursor = self.mongo.batches.find(query).sort([("sort_key", DESCENDING), ("_id", DESCENDING)])
         docs = await cursor.limit(limit + 1).to_list()
         return page([batch_from_document(d) for d in docs], limit)
 

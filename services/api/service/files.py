@@ -98,12 +98,8 @@ class FileService:
         direction = DESCENDING if order == "desc" else ASCENDING
         if after:
             anchor = await self.document(project, after)
-            op = "$lt" if order == "desc" else "$gt"
-            query["$or"] = [
-                {"created_at": {op: anchor["created_at"]}},
-                {"created_at": anchor["created_at"], "_id": {op: anchor["_id"]}},
-            ]
-        cursor = self.mongo.files.find(query).sort([("created_at", direction), ("_id", direction)])
+            query["sort_key"] = {"$lt" if order == "desc" else "$gt": anchor.get("sort_key", 0)}
+        cursor = self.mongo.files.find(query).sort([("sort_key", direction), ("_id", direction)])
         docs = await cursor.limit(limit + 1).to_list()
         return page([file_from_document(d) for d in docs], limit)
 

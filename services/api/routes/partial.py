@@ -1,0 +1,32 @@
+"""``GET /v1/batches/{id}/partial_output``: a batchstream extension, the results so far.
+
+``?kind=output`` (default) streams the successful lines so far, ``?kind=error`` the failed ones,
+as JSONL in the output file's line format. Include with ``app.include_router(partial.router)``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from services.api.deps import Project
+from services.api.service.partial import Kind, PartialOutputService
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+def _partial(request: Request) -> PartialOutputService:
+    return PartialOutputService(request.app.state.mongo, request.app.state.store)
+
+
+Partial = Annotated[PartialOutputService, Depends(_partial)]
+
+
+@router.get("/{batch_id}/partial_output")
+async def partial_output(
+    project: Project, partial: Partial, batch_id: str, kind: Kind = "output"
+) -> StreamingResponse:
+    lines = await partial.open(project, batch_id, kind)
+    return StreamingResponse(lines, media_type="application/jsonl")

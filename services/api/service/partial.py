@@ -1,0 +1,73 @@
+"""Results so far of a running batch, streamed from the aggregator's result chunks.
+
+While a batch runs, the aggregator stores each processed group of results as one chunk object
+(``batches/<id>/results/``, format in ``services/aggregator/chunks.py``). This reads those chunks
+in write order and streams the output lines (status 200) or the error lines, each line once.
+Lines come in arrival order (sorted by line within a chunk), not input order; a chunk that
+finalize deletes while it is read is skipped. Memory: one chunk line and a bitmap of the lines
+sent (6 KB for 50,000 lines). Once the batch is terminal, the final output or error file is
+streamed instead, so the call works the same before and after the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from services.aggregator.chunks import parse_record
+from shared.errors import NotFound
+from shared.mongo import Mongo
+from shared.protocol.openai import TERMINAL_STATUSES
+from shared.storage import ObjectNotFound, ObjectStore, result_chunk_prefix
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["output", "error"]
+
+
+class PartialOutputService:
+    def __init__(self, mongo: Mongo, store: ObjectStore) -> None:
+        self.mongo = mongo
+        self.store = store
+
+    async def open(self, project: str, batch_id: str, kind: Kind) -> AsyncIterator[bytes]:
+        """Look the batch up (404 before any byte is sent), then return the byte stream."""
+        doc = await self.mongo.batches.find_one(
+            {"_id": batch_id, "project": project},
+            {"status": 1, "output_file_id": 1, "error_file_id": 1},
+        )
+        if doc is None:
+            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+        if doc.get("status") in TERMINAL_STATUSES:
+            return self._final_file(doc, kind)
+        return self._chunks(batch_id, kind)
+
+    async def _final_file(self, doc: dict[str, Any], kind: Kind) -> AsyncIterator[bytes]:
+        file_id = doc.get(f"{kind}_file_id")
+        file_doc = await self.mongo.files.find_one({"_id": file_id}) if file_id else None
+        if file_doc is None:
+            return
+        async for chunk in self.store.iter_chunks(str(file_doc["object_key"])):
+            yield chunk
+
+    async def _chunks(self, batch_id: str, kind: Kind) -> AsyncIterator[bytes]:
+        wanted = kind == "output"
+        sent = bytearray()
+        for key in sorted(await self.store.list_keys(result_chunk_prefix(batch_id))):
+            try:
+                async for raw in self.store.iter_lines(key):
+                    if not raw.strip():
+                        continue
+                    record = parse_record(raw)
+                    byte, bit = divmod(record.line - 1, 8)
+                    if record.succeeded != wanted or record.line < 1:
+                        continue
+                    if byte >= len(sent):
+                        sent.extend(bytes(byte + 1 - len(sent)))
+                    if sent[byte] & (1 << bit):
+                        continue  # a line written twice (a redelivery after a crash)
+                    sent[byte] |= 1 << bit
+                    yield record.payload + b"\n"
+            except ObjectNotFound:
+                log.info("partial output: a chunk was finalized meanwhile", extra={"key": key})
