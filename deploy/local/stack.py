@@ -355,7 +355,7 @@ class Stack:
     main_python: str = sys.executable
     inference_python: str = str(REPO_ROOT / ".venv-inference" / "bin" / "python")
     extra_env: dict[str, str] = field(default_factory=dict)
-    inference_start_timeout_s: float = 300.0
+    inference_start_timeout_s: float = 600.0
     _procs: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
