@@ -1,0 +1,446 @@
+"""The aggregator on the local stack: big batches, restarts, live counts, expiry and cancel.
+
+A module-scoped stack of its own on the session's stand-in servers (its own topic prefix,
+database and bucket): api, aggregator (fast sweep, short cancel timeout, quick rejoin) and one
+inference worker on the instant fake engine. Batches for the ``ghost`` model (registered in
+``models`` so validation accepts it, but no worker serves it) get their results published
+straight to the results topic, the way workers publish them, so a test decides what arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+import typing
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import httpx
+import psutil
+import pytest
+from aiokafka import AIOKafkaProducer
+from fastapi import FastAPI
+from openai import AsyncOpenAI
+from openai.types import Batch
+
+from deploy.local.stack import ModelSpec, Stack, free_ports
+from services.api import deps
+from services.api.errors import install_error_handlers
+from services.api.routes import partial
+from shared.kafka import encode
+from shared.mongo import Mongo
+from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
+from shared.settings import MongoSettings
+from shared.storage import ObjectStore, result_chunk_prefix
+from shared.topics import results_topic
+
+pytestmark = pytest.mark.e2e
+T = TypeVar("T")
+FAKE_MODEL = "fake-fast"
+GHOST_MODEL = "ghost"
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+CANCEL_TIMEOUT_S = 3
+
+
+@pytest.fixture(scope="module")
+def fast_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    own = free_ports()
+    suffix = uuid.uuid4().hex[:6]
+    stack = Stack(
+        tmp_path_factory.mktemp("fast-stack"),
+        ports=replace(stand_ins.ports, api=own.api, aggregator=own.aggregator, inference=own.inference),
+        models=[ModelSpec("", FAKE_MODEL, engine="fake")],
+        topic_prefix=f"{stand_ins.topic_prefix}agg{suffix}.",
+        mongo_database=f"{stand_ins.mongo_database}_agg{suffix}",
+        bucket=f"{stand_ins.bucket}-agg{suffix}",
+        environment="test",
+        extra_env={
+            "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
+            "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
+            "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
+            "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": str(CANCEL_TIMEOUT_S),
+            "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
+            "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
+            "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
+            "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
+            "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",  # Tansu table recovery
+            "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
+        },
+    )
+    services = ["api", "aggregator", stack.models[0].component]
+    try:
+        stack.provision()
+        stack.start(services)
+        yield stack
+    finally:
+        stack.stop(services)
+
+
+@pytest.fixture
+async def mongo(fast_stack: Stack) -> AsyncIterator[Mongo]:
+    env = fast_stack.env()
+    client = Mongo(
+        MongoSettings(uri=env["BATCHSTREAM_MONGO_URI"], database=env["BATCHSTREAM_MONGO_DATABASE"])
+    )
+    now = time.time()
+    await client.models.update_one(
+        {"_id": GHOST_MODEL},
+        {
+            "$set": {
+                "created": int(now),
+                "max_context_length": 2048,
+                "endpoints": ["/v1/chat/completions"],
+                "last_seen": now + 3600,
+            }
+        },
+        upsert=True,
+    )
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def client(fast_stack: Stack) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(base_url=fast_stack.base_url, api_key=fast_stack.api_key, max_retries=5) as c:
+        yield c
+
+
+@pytest.fixture
+async def producer(fast_stack: Stack) -> AsyncIterator[AIOKafkaProducer]:
+    kafka = fast_stack.kafka_settings()
+    prod = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=5)
+    await prod.start()
+    yield prod
+    await prod.stop()
+
+
+# --- helpers
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def chat_line(custom_id: str, model: str) -> str:
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}]},
+        }
+    )
+
+
+async def create_batch(client: AsyncOpenAI, model: str, lines: list[str]) -> Batch:
+    upload = await client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
+    created = await client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    async def running() -> Batch | None:
+        batch = await client.batches.retrieve(created.id)
+        assert batch.status not in {"failed"}, batch.errors
+        return batch if batch.status == "in_progress" else None
+
+    return await eventually(running, 60, f"{created.id} in_progress")
+
+
+async def wait_status(client: AsyncOpenAI, batch_id: str, status: str, timeout_s: float) -> Batch:
+    async def probe() -> Batch | None:
+        batch = await client.batches.retrieve(batch_id)
+        if batch.status in TERMINAL and batch.status != status:
+            raise AssertionError(f"{batch_id} ended {batch.status}, expected {status}")
+        return batch if batch.status == status else None
+
+    return await eventually(probe, timeout_s, f"{batch_id} {status}")
+
+
+async def wait_done(client: AsyncOpenAI, batch_id: str, done: int, timeout_s: float = 30) -> Batch:
+    async def probe() -> Batch | None:
+        batch = await client.batches.retrieve(batch_id)
+        counts = batch.request_counts
+        return batch if counts and counts.completed + counts.failed >= done else None
+
+    return await eventually(probe, timeout_s, f"{batch_id} {done} lines counted")
+
+
+async def read_lines(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    content = await client.files.content(file_id)
+    return [json.loads(line) for line in content.text.splitlines()]
+
+
+def result(batch_id: str, line: int, custom_id: str, status: int = 200) -> ResultMessage:
+    body: dict[str, Any] = (
+        {
+            "object": "chat.completion",
+            "choices": [{"message": {"role": "assistant", "content": f"answer {line}"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
+        if status == 200
+        else {"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": None}}
+    )
+    return ResultMessage(
+        request_id=f"batch_req_w{line:07d}",
+        custom_id=custom_id,
+        batch_id=batch_id,
+        line=line,
+        response=ResponsePayload(status_code=status, request_id=f"r{line}", body=body),
+    )
+
+
+async def publish(stack: Stack, producer: AIOKafkaProducer, results: list[ResultMessage]) -> None:
+    topic = results_topic(stack.kafka_settings())
+    futures = [await producer.send(topic, encode(r), key=(r.batch_id or "").encode()) for r in results]
+    await asyncio.gather(*futures)
+
+
+def metric(stack: Stack, name: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{stack.ports.aggregator}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+class RssSampler:
+    """Samples a process's resident set size in a thread until stopped (MB)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1) -> None:
+        self._process = psutil.Process(pid)
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self.samples: list[float] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(self._process.memory_info().rss / 2**20)
+            except psutil.Error:
+                return
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# --- tests
+
+
+async def test_20000_lines_exact_counts_flat_memory_and_live_counts(
+    fast_stack: Stack, client: AsyncOpenAI
+) -> None:
+    """(a) and (d): a 20,000-line batch through the fake-engine worker."""
+    total = 20_000
+    ids = [f"req-{n}" for n in range(1, total + 1)]
+    pid = fast_stack.pid("aggregator")
+    assert pid is not None
+    with RssSampler(pid) as rss:
+        baseline = rss.samples[0] if rss.samples else psutil.Process(pid).memory_info().rss / 2**20
+        started = time.monotonic()
+        upload = await client.files.create(
+            file=("big.jsonl", "\n".join(chat_line(i, FAKE_MODEL) for i in ids).encode()),
+            purpose="batch",
+        )
+        created = await client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        seen_completed: list[int] = []
+        while True:
+            batch = await client.batches.retrieve(created.id)
+            if batch.status in TERMINAL:
+                break
+            if batch.request_counts and batch.request_counts.completed not in seen_completed:
+                seen_completed.append(batch.request_counts.completed)
+            assert time.monotonic() - started < 300, batch
+            await asyncio.sleep(0.1)
+        elapsed = time.monotonic() - started
+    assert batch.status == "completed", batch
+    assert batch.request_counts is not None
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+        total,
+        total,
+        0,
+    )
+    intermediate = [c for c in seen_completed if 0 < c < total]
+    assert len(intermediate) >= 2, seen_completed
+    assert seen_completed == sorted(seen_completed)  # never goes down
+    output = await read_lines(client, batch.output_file_id)
+    assert sorted(x["custom_id"] for x in output) == sorted(ids)
+    usage = batch.usage
+    assert usage is not None and usage.input_tokens > 0 and usage.output_tokens == total
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    peak = max(rss.samples)
+    print(
+        f"\n20,000-line batch: {elapsed:.1f}s create-to-completed ({total / elapsed:,.0f} lines/s); "
+        f"aggregator RSS baseline {baseline:.0f} MB, peak {peak:.0f} MB over {len(rss.samples)} samples; "
+        f"{len(intermediate)} distinct intermediate completed counts: {intermediate[:8]}..."
+    )
+    assert peak < 400
+
+
+async def test_sigkill_mid_batch_duplicates_and_late_results(
+    fast_stack: Stack, client: AsyncOpenAI, producer: AIOKafkaProducer, mongo: Mongo
+) -> None:
+    """(b) and (c): SIGKILL mid-batch, restart via the supervisor; duplicates change nothing."""
+    total = 3000
+    ids = [f"req-{n}" for n in range(1, total + 1)]
+    batch = await create_batch(client, GHOST_MODEL, [chat_line(i, GHOST_MODEL) for i in ids])
+    results = [result(batch.id, n, ids[n - 1], 400 if n % 100 == 0 else 200) for n in range(1, total + 1)]
+    await publish(fast_stack, producer, results[:1800] + results[:200])  # with duplicates
+    await wait_done(client, batch.id, 1)
+
+    pid = fast_stack.pid("aggregator")
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    await eventually(
+        lambda: asyncio.sleep(0, result=fast_stack.pid("aggregator") is None), 10, "aggregator gone"
+    )
+    await publish(fast_stack, producer, results[1500:] + results[:100] + results[-50:])
+    restarted = time.monotonic()
+    await asyncio.to_thread(fast_stack.start, ["aggregator"])
+    done = await wait_status(client, batch.id, "completed", 120)
+    print(f"\nrestarted aggregator completed the batch {time.monotonic() - restarted:.1f}s after restart")
+
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        total,
+        2970,
+        30,
+    )
+    output = await read_lines(client, done.output_file_id)
+    assert [x["custom_id"] for x in output] == [i for n, i in enumerate(ids, 1) if n % 100]
+    errors = await read_lines(client, done.error_file_id)
+    assert [x["custom_id"] for x in errors] == [i for n, i in enumerate(ids, 1) if n % 100 == 0]
+    assert done.usage is not None and done.usage.total_tokens == 5 * 2970
+
+    # Results redelivered after the end are dropped and counted in a metric.
+    late_before = await asyncio.to_thread(
+        metric, fast_stack, "batchstream_aggregator_late_results_dropped_total"
+    )
+    await publish(fast_stack, producer, results[:20])
+
+    async def late_counted() -> bool:
+        now = await asyncio.to_thread(metric, fast_stack, "batchstream_aggregator_late_results_dropped_total")
+        return now >= late_before + 20
+
+    await eventually(late_counted, 20, "late results counted")
+    again = await client.batches.retrieve(batch.id)
+    assert again.request_counts == done.request_counts
+
+
+async def test_batch_expires_with_no_worker_alive(
+    fast_stack: Stack, client: AsyncOpenAI, mongo: Mongo
+) -> None:
+    """(e): nothing serves the model; the window passes; every line becomes batch_expired."""
+    ids = [f"exp-{n}" for n in range(1, 41)]
+    lines = [chat_line(i, GHOST_MODEL) for i in ids]
+    lines.insert(5, "")  # a blank line: numbered, never emitted
+    batch = await create_batch(client, GHOST_MODEL, lines)
+    assert batch.request_counts is not None and batch.request_counts.total == 40
+    await mongo.batches.update_one({"_id": batch.id}, {"$set": {"expires_at": int(time.time()) - 1}})
+
+    expired = await wait_status(client, batch.id, "expired", 30)
+    assert expired.expired_at and expired.completed_at is None
+    assert expired.request_counts is not None
+    assert (
+        expired.request_counts.total,
+        expired.request_counts.completed,
+        expired.request_counts.failed,
+    ) == (
+        40,
+        0,
+        40,
+    )
+    assert expired.output_file_id is None and expired.error_file_id
+    errors = await read_lines(client, expired.error_file_id)
+    assert [x["custom_id"] for x in errors] == ids
+    assert all(x["response"] is None and x["error"]["code"] == "batch_expired" for x in errors)
+    assert len({x["id"] for x in errors}) == 40
+
+
+async def test_cancelled_batch_keeps_partial_output(
+    fast_stack: Stack, client: AsyncOpenAI, producer: AIOKafkaProducer, mongo: Mongo
+) -> None:
+    """(f) and the partial-output extension: some results, a cancel, the cancel timeout."""
+    ids = [f"can-{n}" for n in range(1, 41)]
+    lines = [chat_line(i, GHOST_MODEL) for i in ids]
+    lines.insert(10, "   ")  # lines 11.. are numbered one past their index
+    batch = await create_batch(client, GHOST_MODEL, lines)
+
+    def number(index: int) -> int:  # 0-based request index -> 1-based file line
+        return index + 1 if index < 10 else index + 2
+
+    done = [result(batch.id, number(i), ids[i], 400 if i == 3 else 200) for i in range(15)]
+    await publish(fast_stack, producer, done)
+    await wait_done(client, batch.id, 15)
+
+    # Partial output while the batch runs (the api extension, served in-process here).
+    app = FastAPI()
+    install_error_handlers(app)
+    app.include_router(partial.router)
+    app.state.mongo, app.state.store = mongo, ObjectStore(fast_stack.storage_settings())
+    project_dependency = typing.get_args(deps.Project)[1].dependency  # auth is the api's business
+    app.dependency_overrides[project_dependency] = lambda: "default"
+    headers = {"Authorization": f"Bearer {fast_stack.api_key}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http:
+        so_far = await http.get(f"/v1/batches/{batch.id}/partial_output", headers=headers)
+        failed_so_far = await http.get(f"/v1/batches/{batch.id}/partial_output?kind=error", headers=headers)
+        missing = await http.get("/v1/batches/batch_nope/partial_output", headers=headers)
+    assert so_far.status_code == 200
+    assert sorted(json.loads(x)["custom_id"] for x in so_far.text.splitlines()) == sorted(
+        ids[i] for i in range(15) if i != 3
+    )
+    assert [json.loads(x)["custom_id"] for x in failed_so_far.text.splitlines()] == [ids[3]]
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "batch_id"
+
+    cancelling = await client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling"
+    # Workers answer some not-yet-run lines with batch_cancelled; the rest never come.
+    answered = [
+        ResultMessage(
+            request_id=f"batch_req_c{i}",
+            custom_id=ids[i],
+            batch_id=batch.id,
+            line=number(i),
+            error=LineError(code="batch_cancelled", message="cancelled by the worker"),
+        )
+        for i in range(15, 20)
+    ]
+    await publish(fast_stack, producer, answered)
+    cancelled = await wait_status(client, batch.id, "cancelled", CANCEL_TIMEOUT_S + 30)
+    assert cancelled.cancelled_at and cancelled.cancelling_at
+    assert cancelled.cancelled_at >= cancelled.cancelling_at + CANCEL_TIMEOUT_S - 1
+    assert cancelled.request_counts is not None
+    assert (
+        cancelled.request_counts.total,
+        cancelled.request_counts.completed,
+        cancelled.request_counts.failed,
+    ) == (40, 14, 26)
+    output = await read_lines(client, cancelled.output_file_id)
+    assert [x["custom_id"] for x in output] == [ids[i] for i in range(15) if i != 3]
+    errors = await read_lines(client, cancelled.error_file_id)
+    assert [x["custom_id"] for x in errors] == [ids[3], *ids[15:]]
+    assert errors[0]["response"]["status_code"] == 400
+    assert [x["error"]["message"] for x in errors[1:6]] == ["cancelled by the worker"] * 5
+    assert all(x["error"]["code"] == "batch_cancelled" and x["response"] is None for x in errors[1:])
+    store = ObjectStore(fast_stack.storage_settings())
+    assert not await store.list_keys(result_chunk_prefix(batch.id))
