@@ -103,10 +103,13 @@ test: venvs $(TINY_DIR)/$(MARKER) lint
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
 		$(PY) -m pytest -q
 
-bench: venvs
-	@shopt -s nullglob; scripts=(bench/*.py); \
-	if [ $${#scripts[@]} -eq 0 ]; then echo "no bench/ scripts yet"; exit 0; fi; \
-	for s in "$${scripts[@]}"; do echo "== $$s"; $(PY) "$$s"; done
+# Runs `python -m bench` (bench/__main__.py) on the tiny model; e.g. `make bench BENCH_ARGS="--only parity"`.
+BENCH_ARGS ?=
+bench: venvs $(TINY_DIR)/$(MARKER)
+	@if [ ! -f bench/__main__.py ]; then echo "no bench/ yet"; exit 0; fi; \
+	BATCHSTREAM_BENCH_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
+	BATCHSTREAM_BENCH_MODEL_DIR=$${BATCHSTREAM_BENCH_MODEL_DIR:-$(CURDIR)/$(TINY_DIR)} \
+		$(PY) -m bench $(BENCH_ARGS)
 
 # -------------------------------------------------------------------------------------- clean
 
