@@ -35,8 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parity_group = parser.add_argument_group("engine parity")
     parity_group.add_argument("--rounds", type=int, default=3)
-    parity_group.add_argument("--parity-requests", type=int, default=300)
-    parity_group.add_argument("--max-tokens", type=int, default=64)
+    parity_group.add_argument("--parity-requests", type=int, default=400)
+    parity_group.add_argument("--max-tokens", type=int, default=256)
     parity_group.add_argument("--max-num-seqs", type=int, default=64)
     parity_group.add_argument("--max-model-len", type=int, default=2048)
     parity_group.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE for both")
@@ -45,6 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
     pipe.add_argument("--small-runs", type=int, default=3, help="runs of the 10-line batch alone")
     pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
+    pipe.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra setting for the pipeline stack's services (repeatable), for experiments",
+    )
     return parser.parse_args(argv)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import os
 import platform
@@ -18,6 +20,7 @@ from typing import Any
 import psutil
 
 from deploy.local.stack import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
+from shared.topics import results_topic
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -226,6 +229,52 @@ class MongoPoller:
                     if not trace.counts or trace.counts[-1][1] != seen:
                         trace.counts.append((now, seen))
             self._stop.wait(self.interval_s)
+
+
+class ResultsTap:
+    """Reads the results topic in a thread and keeps each record's Kafka timestamp by batch id."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.settings = stack.kafka_settings()
+        self.times: dict[str, list[float]] = collections.defaultdict(list)
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+
+    async def _run(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            results_topic(self.settings),
+            bootstrap_servers=self.settings.bootstrap_servers,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+                now = time.time()
+                for records in batches.values():
+                    for record in records:
+                        key = record.key.decode() if record.key else ""
+                        stamp = record.timestamp / 1000 if record.timestamp and record.timestamp > 0 else now
+                        self.times[key].append(stamp)
+        finally:
+            await consumer.stop()
+
+    def wait_for(self, batch_id: str, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.times.get(batch_id, ())) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 # --------------------------------------------------------------------------------------- files

@@ -21,7 +21,6 @@ and prints its hottest functions; the raw collapsed stacks are saved under bench
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import collections
 import shutil
@@ -29,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from openai import OpenAI
 from bench.common import (
     MongoPoller,
     ProcessSampler,
+    ResultsTap,
     chat_line,
     median,
     new_stack,
@@ -49,56 +48,9 @@ from bench.common import (
     write_padded_file,
 )
 from deploy.local.stack import ModelSpec, Stack
-from shared.topics import results_topic
 
 MODEL = "fake-model"
 SMALL_LINES = 10
-
-
-class ResultsTap:
-    """Reads the results topic in a thread and keeps each record's Kafka timestamp by batch id."""
-
-    def __init__(self, stack: Stack) -> None:
-        self.settings = stack.kafka_settings()
-        self.times: dict[str, list[float]] = collections.defaultdict(list)
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self._thread.start()
-        self._ready.wait(30)
-
-    async def _run(self) -> None:
-        from aiokafka import AIOKafkaConsumer
-
-        consumer = AIOKafkaConsumer(
-            results_topic(self.settings),
-            bootstrap_servers=self.settings.bootstrap_servers,
-            group_id=None,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-        )
-        await consumer.start()
-        self._ready.set()
-        try:
-            while not self._stop.is_set():
-                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
-                now = time.time()
-                for records in batches.values():
-                    for record in records:
-                        key = record.key.decode() if record.key else ""
-                        stamp = record.timestamp / 1000 if record.timestamp and record.timestamp > 0 else now
-                        self.times[key].append(stamp)
-        finally:
-            await consumer.stop()
-
-    def wait_for(self, batch_id: str, count: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.times.get(batch_id, ())) < count and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 class Profiler:
@@ -177,7 +129,8 @@ def upload_small(client: OpenAI, tag: str) -> str:
 
 
 def run(args: Any, results_dir: Path) -> dict[str, Any]:
-    stack = new_stack([ModelSpec("", MODEL, engine="fake")])
+    extra = dict(item.split("=", 1) for item in args.env)
+    stack = new_stack([ModelSpec("", MODEL, engine="fake")], **extra)
     work = Path(tempfile.mkdtemp(prefix="batchstream-pipeline-"))
     big_path = work / "big.jsonl"
     size = write_padded_file(big_path, args.lines, args.line_bytes, MODEL, "line")
@@ -266,6 +219,7 @@ def _measure(
             "file_bytes": size,
             "small_lines": SMALL_LINES,
             "small_runs": args.small_runs,
+            "extra_env": dict(item.split("=", 1) for item in args.env),
         },
         "status": doc.get("status"),
         "request_counts": counts,
