@@ -25,6 +25,11 @@ GENERATE_ENDPOINTS = (CHAT, COMPLETIONS)
 Answer = tuple[int, dict[str, Any]]
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine itself died: a request's failure is not its answer. The worker stops, and the
+    line, neither published nor committed, is redone by the next owner."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """One model on one engine; many ``run`` calls may be in flight at once."""

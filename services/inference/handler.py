@@ -10,7 +10,7 @@ from typing import Any
 
 from services.inference import metrics
 from services.inference.control import BatchControl
-from services.inference.engine import GENERATE_ENDPOINTS, Engine, error_body
+from services.inference.engine import GENERATE_ENDPOINTS, Engine, EngineUnavailable, error_body
 from shared.ids import new_id
 from shared.protocol.messages import (
     LineError,
@@ -78,7 +78,7 @@ class RequestHandler:
     ) -> None:
         self.engine = engine
         self.clock = clock
-        self.control = control or BatchControl(clock)
+        self.control = control if control is not None else BatchControl(clock)
         self._running: dict[str, set[str]] = {}  # batch id -> engine request ids in flight
 
     def running(self, batch_id: str) -> int:
@@ -152,7 +152,7 @@ class RequestHandler:
         body["model"] = self.engine.model_id
         try:
             return await self.engine.run(message.url, body, run_id, max_context_length=limit)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, EngineUnavailable):
             raise
         except Exception:
             log.exception(

@@ -40,6 +40,7 @@ from services.inference.engine import (
     COMPLETIONS,
     EMBEDDINGS,
     Answer,
+    EngineUnavailable,
     error_answer,
     unsupported_endpoint,
 )
@@ -88,12 +89,14 @@ class VllmEngine:
         self._state = State()
         self._running: dict[str, asyncio.Task[Answer]] = {}
         self._aborted: set[str] = set()
+        self._client: EngineClient | None = None
 
     async def __aenter__(self) -> VllmEngine:
         args = build_args(self.settings)
         client: EngineClient = await self._stack.enter_async_context(
             build_async_engine_client(args, usage_context=UsageContext.OPENAI_BATCH_RUNNER)
         )
+        self._client = client
         try:
             tasks = await client.get_supported_tasks()
             await init_app_state(client, self._state, args, tasks)
@@ -157,6 +160,10 @@ class VllmEngine:
             # error body, so cancelling our caller does not raise by itself. An aborted request
             # has no answer at all: it must not become a failed line.
             raise asyncio.CancelledError(f"request {request_id} aborted")
+        if answer[0] >= 500 and self._client is not None and self._client.errored:
+            # e.g. the engine core got the SIGTERM meant for the worker (a signal to the process
+            # group): the serving code answers 500, but that is not this request's outcome.
+            raise EngineUnavailable(f"the vLLM engine is dead; request {request_id} has no answer")
         return answer
 
     async def abort(self, request_id: str) -> None:

@@ -88,6 +88,11 @@ async def test_a_line_of_a_cancelled_batch_is_not_run() -> None:
     assert (await handler.handle(line("other"))).succeeded
 
 
+def test_the_handler_uses_the_control_it_is_given_even_when_empty() -> None:
+    control = BatchControl()  # empty, so falsy: must still be the one the follower feeds
+    assert RequestHandler(InstantFakeEngine(), control=control).control is control
+
+
 async def test_the_deadline_may_come_from_the_control_topic() -> None:
     handler = RequestHandler(InstantFakeEngine(), clock=lambda: 50.0)
     handler.control.apply(ControlMessage(batch_id="b", expires_at=10.0))
