@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shared.kafka import ensure_topics, wait_for_kafka
-from shared.settings import KafkaSettings, StorageSettings
-from shared.storage import ObjectStore
+from shared.mongo import Mongo
+from shared.settings import KafkaSettings, MongoSettings, StorageSettings
+from shared.storage import ObjectStore, result_chunk_prefix
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +64,28 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+async def requeue_in_flight(mongo: MongoSettings, storage: StorageSettings) -> list[str]:
+    """Make batches that were running when the broker lost its data run again from the start.
+
+    A memory-only broker (the local stack's) forgets every request, result and offset when it
+    stops. Batches still ``in_progress`` in MongoDB are marked not yet emitted, their partial
+    results and counts dropped, so the api publishes all their lines again on start; the
+    aggregator's state went with the broker, so every line is counted once from scratch.
+    """
+    db = Mongo(mongo)
+    store = ObjectStore(storage)
+    try:
+        ids = [d["_id"] async for d in db.batches.find({"status": "in_progress"}, {"_id": 1})]
+        for batch_id in ids:
+            await store.delete_prefix(result_chunk_prefix(batch_id))
+            await db.batches.update_one(
+                {"_id": batch_id},
+                {"$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0}},
+            )
+        if ids:
+            log.info("requeued batches the broker forgot", extra={"batches": ids})
+        return ids
+    finally:
+        await db.close()

@@ -12,10 +12,11 @@ every topic, message and committed offset when it stops. This build of Tansu has
 ``memory://`` and ``s3://``), and noida-db, which persists, can leave a consumer group without
 assignments after a commit during a rebalance, which is worse for a stack meant to show
 at-least-once delivery. What the stack does about it: ``up`` recreates the topics every time, and when
-it (re)starts the broker it restarts the aggregator with an empty local data dir, so no consumer
-keeps state that refers to offsets the broker no longer has. MongoDB and object-store data persist
-across ``down``/``up``; batches that were in flight when the broker stopped are not resumed by the
-broker, so recovering them is up to the services (the api and aggregator know what MongoDB expects).
+it (re)starts the broker it restarts every service (the aggregator with an empty local data dir), so
+no consumer keeps state that refers to offsets the broker no longer has. MongoDB and object-store
+data persist across ``down``/``up``; batches that were in flight when the broker stopped run again
+from the start: ``up`` requeues them (``deploy.provision.requeue_in_flight``) and the api, starting,
+publishes their lines again.
 ``make clean`` removes all state.
 
 Every process is started detached (its own session and process group), with a PID file and a log
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from deploy.provision import provision
+from deploy.provision import provision, requeue_in_flight
 from shared.settings import (
     AggregatorSettings,
     ApiSettings,
@@ -741,6 +742,14 @@ class Stack:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # works inside a running loop too
             pool.submit(asyncio.run, coro).result()
 
+    def requeue_in_flight(self) -> list[str]:
+        """Batches in flight when the broker lost its data run again (``deploy.provision``)."""
+        env = self.env()
+        mongo = MongoSettings(uri=env["BATCHSTREAM_MONGO_URI"], database=env["BATCHSTREAM_MONGO_DATABASE"])
+        coro = requeue_in_flight(mongo, self.storage_settings())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, coro).result()
+
     def log_tail(self, name: str, lines: int = 15) -> str:
         try:
             text = self.log_file(name).read_text(errors="replace")
@@ -770,9 +779,12 @@ def up(stack: Stack, services: Sequence[str]) -> int:
     failed = [o for o in outcomes if not o.ok]
     if not failed:
         if not kafka_was_running:
-            # A new broker has no topics, offsets or changelogs: consumer state from before is stale.
-            stack.stop(["aggregator"])
+            # A new broker has no topics, offsets or changelogs: consumer state from before is
+            # stale, and batches in flight lost their messages. Restart every service and have
+            # the api publish those batches again.
+            stack.stop([n for n in stack.known() if n not in STAND_INS])
             stack.reset_aggregator_state()
+            stack.requeue_in_flight()
         stack.provision()
         names = [s for s in services if s in SERVICES]
         if "inference" in services:

@@ -1,11 +1,6 @@
-"""The result chunk format and the bounded-memory k-way merge that finalize runs over chunks.
+"""The bounded-memory k-way merge that finalize runs over result chunks.
 
-A chunk object holds one line per result, sorted by line number::
-
-    <line> <1 if succeeded else 0> <the output line as compact JSON>\\n
-
-The small header lets the merge order, dedupe and split lines without parsing the JSON, and
-compact JSON never holds a raw newline, so a record is exactly one line.
+The chunk format itself lives in ``shared/result_chunks.py``: the api reads chunks too.
 """
 
 from __future__ import annotations
@@ -13,37 +8,17 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO
 
-from shared.protocol.messages import ResultMessage
+from shared.result_chunks import Record, encode_chunk, encode_record, parse_record
+
+__all__ = ["Record", "encode_chunk", "encode_record", "merge_and_split", "parse_record"]
 
 # At most this many chunk files are open at once; more are merged in passes.
 MERGE_FAN_IN = 64
-
-
-class Record(NamedTuple):
-    line: int
-    succeeded: bool
-    payload: bytes  # the output line, compact JSON, without the newline
-
-
-def encode_record(result: ResultMessage) -> bytes:
-    payload = json.dumps(result.output_line(), separators=(",", ":"), ensure_ascii=False)
-    return b"%d %d %s\n" % (result.line or 0, int(result.succeeded), payload.encode())
-
-
-def encode_chunk(results: Iterable[ResultMessage]) -> bytes:
-    """One chunk object's bytes; ``results`` must already be sorted by line."""
-    return b"".join(encode_record(r) for r in results)
-
-
-def parse_record(raw: bytes) -> Record:
-    line, succeeded, payload = raw.rstrip(b"\n").split(b" ", 2)
-    return Record(int(line), succeeded == b"1", payload)
 
 
 def read_records(stream: IO[bytes]) -> Iterator[Record]:

@@ -1,7 +1,7 @@
 """Results so far of a running batch, streamed from the aggregator's result chunks.
 
 While a batch runs, the aggregator stores each processed group of results as one chunk object
-(``batches/<id>/results/``, format in ``services/aggregator/chunks.py``). This reads those chunks
+(``batches/<id>/results/``, format in ``shared/result_chunks.py``). This reads those chunks
 in write order and streams the output lines (status 200) or the error lines, each line once.
 Lines come in arrival order (sorted by line within a chunk), not input order; a chunk that
 finalize deletes while it is read is skipped. Memory: one chunk line and a bitmap of the lines
@@ -15,10 +15,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from services.aggregator.chunks import parse_record
 from shared.errors import NotFound
 from shared.mongo import Mongo
 from shared.protocol.openai import TERMINAL_STATUSES
+from shared.result_chunks import parse_record
 from shared.storage import ObjectNotFound, ObjectStore, result_chunk_prefix
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,39 @@
+"""The result chunk format: how the aggregator stores results as they arrive, and the api reads them.
+
+A chunk object (under ``shared.storage.result_chunk_prefix``) holds one line per result, sorted by
+line number::
+
+    <line> <1 if succeeded else 0> <the output line as compact JSON>\\n
+
+The small header lets readers order, dedupe and split lines without parsing the JSON, and compact
+JSON never holds a raw newline, so a record is exactly one line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from shared.protocol.messages import ResultMessage
+
+
+class Record(NamedTuple):
+    line: int
+    succeeded: bool
+    payload: bytes  # the output line, compact JSON, without the newline
+
+
+def encode_record(result: ResultMessage) -> bytes:
+    payload = json.dumps(result.output_line(), separators=(",", ":"), ensure_ascii=False)
+    return b"%d %d %s\n" % (result.line or 0, int(result.succeeded), payload.encode())
+
+
+def encode_chunk(results: Iterable[ResultMessage]) -> bytes:
+    """One chunk object's bytes; ``results`` must already be sorted by line."""
+    return b"".join(encode_record(r) for r in results)
+
+
+def parse_record(raw: bytes) -> Record:
+    line, succeeded, payload = raw.rstrip(b"\n").split(b" ", 2)
+    return Record(int(line), succeeded == b"1", payload)
