@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench import parity, pipeline
@@ -65,6 +66,12 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _save(report: dict[str, Any], path: Path) -> None:
+    text = json.dumps(_clean(report), indent=2, default=str)
+    path.write_text(text)
+    (RESULTS_DIR / "latest.json").write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -75,16 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     m = report["machine"]
     print(f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, {m['memory_gib']} GiB", flush=True)
     started = time.monotonic()
+    path = RESULTS_DIR / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     if args.only in (None, "pipeline"):
         report["pipeline"] = pipeline.run(args, RESULTS_DIR)
+        _save(report, path)
     if args.only in (None, "parity"):
         report["parity"] = parity.run(args)
     report["duration_s"] = time.monotonic() - started
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    text = json.dumps(_clean(report), indent=2, default=str)
-    path = RESULTS_DIR / f"bench-{stamp}.json"
-    path.write_text(text)
-    (RESULTS_DIR / "latest.json").write_text(text)
+    _save(report, path)
     print(f"\nresults: {path} ({report['duration_s']:.0f} s in all)")
     return 0
 
