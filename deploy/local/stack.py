@@ -86,6 +86,7 @@ _STOP_TIMEOUT_S = {
     "aggregator": 30.0,
     "inference": 45.0,
 }
+WORKER_PORTS = 4  # free_ports keeps inference .. inference + 3 free for up to four workers
 GRPC_OFFSET = 10_000  # SeaweedFS also listens on each of its ports + 10000 (gRPC)
 
 
@@ -148,14 +149,16 @@ def free_ports(low: int = 20_000, high: int = 30_000) -> Ports:
     for name in names:
         for _ in range(1000):
             port = rng.randrange(low, high)
-            taken = {port, port + GRPC_OFFSET} & (chosen | {p + GRPC_OFFSET for p in chosen})
-            if not taken and _bindable(port) and _bindable(port + GRPC_OFFSET):
-                chosen.add(port)
+            # Workers use inference + n, one per model: keep a few of those free too.
+            span = {port + n for n in range(WORKER_PORTS)} if name == "inference" else {port}
+            wanted = span | {p + GRPC_OFFSET for p in span}
+            if not wanted & (chosen | {p + GRPC_OFFSET for p in chosen}) and all(map(_bindable, wanted)):
+                chosen |= span
                 values[name] = port
                 break
         else:
             raise StackError("no free ports found")
-    return Ports(**values)  # one inference worker (several would use inference + n, unchecked)
+    return Ports(**values)
 
 
 # -------------------------------------------------------------------------------------- binaries
@@ -233,9 +236,14 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def stop_pid(pid: int, start_time: str | None, timeout_s: float) -> None:
-    """SIGTERM the process group led by pid, wait, then SIGKILL whatever is left of it."""
+    """SIGTERM the leader, wait for its process group to end, then SIGKILL whatever is left of it.
+
+    Only the leader gets SIGTERM, as ``docker stop`` and Kubernetes do: a draining inference worker
+    still needs its vLLM engine process, which it shuts down itself once drained.
+    """
     if _running(pid, start_time):
-        _signal_group(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             _reap(pid)

@@ -177,7 +177,7 @@ async def read_lines(client: AsyncOpenAI, file_id: str | None) -> list[dict[str,
     if file_id is None:
         return []
     content = await client.files.content(file_id)
-    return [json.loads(line) for line in content.text.splitlines()]
+    return [json.loads(line) for line in content.text.split("\n") if line]
 
 
 def result(batch_id: str, line: int, custom_id: str, status: int = 200) -> ResultMessage:
@@ -395,10 +395,10 @@ async def test_cancelled_batch_keeps_partial_output(
         failed_so_far = await http.get(f"/batches/{batch.id}/partial_output?kind=error")
         missing = await http.get("/batches/batch_nope/partial_output")
     assert so_far.status_code == 200
-    assert sorted(json.loads(x)["custom_id"] for x in so_far.text.splitlines()) == sorted(
+    assert sorted(json.loads(x)["custom_id"] for x in so_far.text.split("\n") if x) == sorted(
         ids[i] for i in range(15) if i != 3
     )
-    assert [json.loads(x)["custom_id"] for x in failed_so_far.text.splitlines()] == [ids[3]]
+    assert [json.loads(x)["custom_id"] for x in failed_so_far.text.split("\n") if x] == [ids[3]]
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "batch_id"
 
     cancelling = await client.batches.cancel(batch.id)

@@ -74,7 +74,7 @@ def test_a_batch_in_flight_when_the_broker_dies_completes_after_up(fake_stack: S
         0,
     )
     assert done.output_file_id is not None
-    out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    out = [json.loads(x) for x in client.files.content(done.output_file_id).text.split("\n") if x]
     assert [line["custom_id"] for line in out] == [f"c{i}" for i in range(50)]
 
 

@@ -43,7 +43,7 @@ def test_the_client_runs_a_batch_and_writes_its_output(stack: Stack, model_id: s
     done = run_client(stack, str(source), "--output", str(out), "--errors", str(errors))
 
     assert done.returncode == 0, done.stderr
-    assert [json.loads(x)["custom_id"] for x in out.read_text().splitlines()] == ids
+    assert [json.loads(x)["custom_id"] for x in out.read_text().split("\n") if x] == ids
     assert errors.read_text() == ""
     progress = done.stderr.splitlines()
     assert progress[-1].split()[1:3] == ["completed", "6/6"]

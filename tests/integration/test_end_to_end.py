@@ -46,7 +46,7 @@ def wait_terminal(client: OpenAI, batch_id: str, timeout_s: float = 300.0) -> Ba
 
 
 def read_lines(client: OpenAI, file_id: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+    return [json.loads(line) for line in client.files.content(file_id).text.split("\n") if line]
 
 
 def test_a_chat_batch_completes_with_every_line_generated_once(client: OpenAI, model_id: str) -> None:
