@@ -117,7 +117,7 @@ class AggregatorSettings(BaseSettings):
     app_id: str = "batchstream-aggregator"
     data_dir: str = "/tmp/batchstream-aggregator"
     web_port: int = 10910
-    chunk_lines: int = 2000
+    chunk_lines: int = 10_000
     chunk_seconds: float = 0.5
     counts_flush_seconds: float = 0.5
     sweep_seconds: float = 5.0

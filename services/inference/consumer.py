@@ -136,6 +136,11 @@ class RequestConsumer:
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():
+            if len(self._tasks) >= self.in_flight_limit:
+                # Window full: wake as soon as a request finishes, not after a whole empty poll.
+                await asyncio.wait(
+                    set(self._tasks), timeout=POLL_TIMEOUT_MS / 1000, return_when=asyncio.FIRST_COMPLETED
+                )
             self._apply_backpressure()
             room = self.in_flight_limit - len(self._tasks)
             batch = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
