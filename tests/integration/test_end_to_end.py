@@ -97,7 +97,7 @@ def test_a_chat_batch_completes_with_every_line_generated_once(client: OpenAI, m
 def test_a_line_the_engine_rejects_lands_in_the_error_file(client: OpenAI, model_id: str) -> None:
     lines = [
         chat_line("fine", model_id, "hello", max_tokens=4),
-        chat_line("too-long", model_id, "hello", max_tokens=10_000_000),
+        chat_line("too-long", model_id, "hello " * 5000, max_tokens=4),  # over max_model_len
     ]
     upload = client.files.create(file=("mixed.jsonl", "\n".join(lines).encode()), purpose="batch")
     created = client.batches.create(
