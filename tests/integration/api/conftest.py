@@ -8,8 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +18,7 @@ from openai import OpenAI
 from pymongo import MongoClient
 
 from deploy.local.stack import Stack
+from tests.integration.waiting import wait_until
 
 UNSERVED_MODEL = "unserved-model"
 
@@ -90,13 +90,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @contextmanager

@@ -16,7 +16,8 @@ import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack
-from tests.integration.api.conftest import chat_request, extra_api, jsonl, wait_until
+from tests.integration.api.conftest import chat_request, extra_api, jsonl
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
