@@ -13,6 +13,7 @@ from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.aggregator.app import app, config, kafka_settings
+from services.aggregator.pipeline import ChunkPipeline
 from services.aggregator.runtime import Runtime, partition_for
 from services.aggregator.tables import batch_states
 from services.aggregator.topics import results
@@ -28,20 +29,37 @@ async def aggregate(stream: StreamT[bytes]) -> None:
     """Process results in chunks; ack a chunk's events only once it is stored and counted.
 
     ``noack_take`` leaves acking to us: a chunk cut short by a crash, an error or SIGTERM is
-    never acked, so its offsets are never committed and it is delivered again.
+    never acked, so its offsets are never committed and it is delivered again. Each chunk is
+    handled in the background (``pipeline.py``) while the next one is collected.
     """
-    # faust types noack_take's items as values; they are the events.
-    chunks = cast(Stream[bytes], stream).noack_take(config.chunk_lines, within=config.chunk_seconds)
-    async for items in chunks:
-        events = cast(list[EventT[bytes]], items)
+
+    async def handle(events: list[EventT[bytes]]) -> None:
         started = time.perf_counter()
+        oldest = min(event.message.timestamp for event in events)
         await _process_until_done([event.value for event in events])
         for event in events:
             await stream.ack(event)
+        await _flush_counts()
         log.debug(
             "chunk processed",
-            extra={"events": len(events), "seconds": round(time.perf_counter() - started, 4)},
+            extra={
+                "events": len(events),
+                "seconds": round(time.perf_counter() - started, 4),
+                # Since the oldest event's Kafka timestamp: how far behind the results we are.
+                "behind_s": round(time.time() - oldest, 3),
+            },
         )
+
+    pipeline: ChunkPipeline[EventT[bytes]] = ChunkPipeline(handle)
+    # faust types noack_take's items as values; they are the events.
+    chunks = cast(Stream[bytes], stream).noack_take(config.chunk_lines, within=config.chunk_seconds)
+    try:
+        async for items in chunks:
+            waited = await pipeline.submit(cast(list[EventT[bytes]], items))
+            if waited > 0.001:
+                log.debug("chunk waited for the previous one", extra={"seconds": round(waited, 4)})
+    finally:
+        await pipeline.cancel()
 
 
 async def _process_until_done(values: list[Any]) -> None:
@@ -56,6 +74,14 @@ async def _process_until_done(values: list[Any]) -> None:
             log.exception("processing a chunk failed; retrying", extra={"retry_in_s": delay})
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
+
+
+async def _flush_counts() -> None:
+    """Counts reach MongoDB right after a chunk, not up to a timer period later."""
+    try:
+        await runtime.counts.flush()
+    except Exception:
+        log.exception("counts flush failed; retrying at the next flush")
 
 
 @app.timer(config.counts_flush_seconds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import faust
 
 from services.aggregator.settings import AggregatorConfig
+from services.aggregator.transport import transport_class
 from shared.settings import KafkaSettings
 
 
@@ -18,7 +19,7 @@ def broker_urls(kafka: KafkaSettings) -> list[str]:
 
 def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
     """A faust app whose internal topics have as many partitions as the results topic."""
-    return faust.App(
+    app = faust.App(
         # The prefix keeps deployments sharing a cluster apart: group id and changelog topic.
         f"{kafka.topic_prefix}{config.app_id}",
         broker=broker_urls(kafka),
@@ -41,6 +42,9 @@ def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
         web_port=config.web_port,
         web_host=config.web_host,
     )
+    # Before anything touches ``app.transport`` (topics do, at import): see transport.py.
+    app.transport = transport_class(config.fetch_max_wait_ms)(app.conf.broker_consumer, app)
+    return app
 
 
 config = AggregatorConfig()

@@ -1,11 +1,18 @@
 """Live counts: dirty batches' request counts and usage reach MongoDB once per flush.
 
 One ``$set`` of absolute values per batch per flush (never an increment per line), so a flush
-repeated after a crash or a rebalance is harmless.
+repeated after a crash or a rebalance is harmless. Flushes run one at a time: two overlapping
+flushes could land out of order and show a count going backwards for a moment.
+
+Two callers: the agent flushes right after each chunk is counted (one bulk write per chunk, so
+counts trail the results by one chunk rather than one chunk plus up to a timer period), and a
+timer flushes every ``counts_flush_seconds`` whatever is still dirty (after a failed flush, or a
+batch marked outside the agent).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +33,7 @@ class CountsFlusher:
         self._batches = batches
         self._states = states
         self._dirty: set[str] = set()
+        self._lock = asyncio.Lock()
 
     def mark(self, batch_id: str) -> None:
         self._dirty.add(batch_id)
@@ -36,6 +44,10 @@ class CountsFlusher:
 
     async def flush(self) -> int:
         """Write every dirty batch's counts in one bulk request; returns the batches written."""
+        async with self._lock:
+            return await self._flush()
+
+    async def _flush(self) -> int:
         dirty, self._dirty = self._dirty, set()
         updates = [u for u in (self._update(b) for b in sorted(dirty)) if u is not None]
         if not updates:

@@ -21,6 +21,8 @@ class AggregatorConfig(AggregatorSettings):
     # Events faust buffers per partition before pausing its fetch; at faust's 4096 a fast
     # producer made the consumer stall ~1 s between bursts.
     stream_buffer_maxsize: int = 20_000
+    # The longest a fetch waits for records (faust hard-codes 1500; see transport.py).
+    fetch_max_wait_ms: int = 100
     standby_replicas: int = 1
     finalize_concurrency: int = 2
     download_concurrency: int = 16
