@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import resource
 import subprocess
 import tempfile
 import threading
@@ -103,7 +104,8 @@ def run_batch_once(
         "--disable-log-stats",
     ]
     env = {**os.environ, **engine_env(args.kv_cache_gib)}
-    stack_cpu = sum(cpu_seconds(p) for p in stack_pids.values())
+    idle_before = sum(stack_cpu(stack_pids).values())
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     ready_at: list[float] = []
     start = time.time()
@@ -125,6 +127,7 @@ def run_batch_once(
     reader.join(timeout=5)
     if rc != 0 or not ready_at or not output.exists():
         raise RuntimeError(f"vllm run-batch failed (rc {rc}):\n" + "\n".join(tail))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # run-batch and its engine core, reaped
     written = output.stat().st_mtime
     lines = [json.loads(x) for x in output.read_text().splitlines() if x.strip()]
     tokens, failed, texts = summarize_output(lines)
@@ -138,14 +141,25 @@ def run_batch_once(
         "failed": failed,
         "output_tokens": tokens,
         "tokens_per_s": tokens / timed,
-        "stack_idle_cpu_s": sum(cpu_seconds(p) for p in stack_pids.values()) - stack_cpu,
+        "stack_idle_cpu_s": sum(stack_cpu(stack_pids).values()) - idle_before,
+        "cpu_s": {
+            "run-batch": children.ru_utime
+            + children.ru_stime
+            - children_before.ru_utime
+            - children_before.ru_stime
+        },
         "_texts": texts,
     }
 
 
+def stack_cpu(pids: dict[str, int]) -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
 def batchstream_once(
-    client: OpenAI, poller: MongoPoller, tap: ResultsTap, input_path: Path
+    client: OpenAI, poller: MongoPoller, tap: ResultsTap, input_path: Path, pids: dict[str, int]
 ) -> dict[str, Any]:
+    cpu_before = stack_cpu(pids)
     start = time.time()
     upload = client.files.create(file=("parity.jsonl", input_path.read_bytes()), purpose="batch")
     created_at = time.time()
@@ -162,8 +176,10 @@ def batchstream_once(
     tap.wait_for(batch.id, len(lines), 10)
     last_result = max(tap.times.get(batch.id) or [float("nan")])
     timed = done - created_at
+    cpu_after = stack_cpu(pids)
     return {
         "system": "batchstream",
+        "cpu_s": {name: cpu_after[name] - cpu_before[name] for name in pids},
         "wall_s": done - start,
         "upload_s": created_at - start,
         "timed_s": timed,
@@ -211,7 +227,7 @@ def run(args: Any) -> dict[str, Any]:
                             args.inference_python, args.model_dir, input_path, work, args, pids
                         )
                     else:
-                        result = batchstream_once(client, poller, tap, input_path)
+                        result = batchstream_once(client, poller, tap, input_path, pids)
                     result["round"] = r + 1
                     rounds.append(result)
         finally:
@@ -290,7 +306,24 @@ def run(args: Any) -> dict[str, Any]:
         "batchstream start-up is the worker's, once for all rounds: "
         f"{summary['batchstream_worker_startup_s']:.1f} s."
     )
+    print(cpu_report(rounds, stack.models[0].component))
     return {"settings": _settings(args), "startup": startup, "rounds": rounds, "summary": summary}
+
+
+def cpu_report(rounds: list[dict[str, Any]], worker: str) -> str:
+    """Where the CPU went: the engine's share against the plumbing's, per system (medians)."""
+    ours = [x for x in rounds if x["system"] == "batchstream"]
+    theirs = [x for x in rounds if x["system"] == "run-batch"]
+    worker_s = median(x["cpu_s"].get(worker, 0.0) for x in ours)
+    others = {name: median(x["cpu_s"][name] for x in ours) for name in ours[0]["cpu_s"] if name != worker}
+    spread = ", ".join(f"{name} {value:.1f}" for name, value in sorted(others.items(), key=lambda kv: -kv[1]))
+    run_batch_s = median(x["cpu_s"]["run-batch"] for x in theirs)
+    return (
+        f"CPU s per round (median): run-batch (engine included) {run_batch_s:.1f}"
+        f", idle stack beside it {median(x['stack_idle_cpu_s'] for x in theirs):.1f}; "
+        f"batchstream worker (engine included) {worker_s:.1f}, the rest of the stack "
+        f"{sum(others.values()):.1f} ({spread})"
+    )
 
 
 def _settings(args: Any) -> dict[str, Any]:
