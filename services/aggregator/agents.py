@@ -1,9 +1,11 @@
-"""The results agent, the counts and sweep timers, and the /health and /metrics pages."""
+"""The results agent, the counts, sweep and stall timers, and the /health and /metrics pages."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from typing import Any, cast
 
@@ -13,15 +15,19 @@ from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.aggregator.app import app, config, kafka_settings
+from services.aggregator.metrics import STALLS
 from services.aggregator.pipeline import ChunkPipeline
 from services.aggregator.runtime import Runtime, partition_for
 from services.aggregator.tables import batch_states
 from services.aggregator.topics import results
+from services.aggregator.watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
 
 runtime = Runtime(config, batch_states)
 RETRY_MAX_S = 5.0
+STALL_EXIT_STATUS = 70  # EX_SOFTWARE
+watchdog = StallWatchdog(config.stall_timeout_s, config.stall_unassigned_timeout_s)
 
 
 @app.agent(results, concurrency=1)
@@ -55,6 +61,7 @@ async def aggregate(stream: StreamT[bytes]) -> None:
     chunks = cast(Stream[bytes], stream).noack_take(config.chunk_lines, within=config.chunk_seconds)
     try:
         async for items in chunks:
+            watchdog.progress()
             waited = await pipeline.submit(cast(list[EventT[bytes]], items))
             if waited > 0.001:
                 log.debug("chunk waited for the previous one", extra={"seconds": round(waited, 4)})
@@ -66,6 +73,7 @@ async def _process_until_done(values: list[Any]) -> None:
     """Retry a chunk while a dependency is down; lines already counted are dropped on retry."""
     delay = 0.2
     while True:
+        watchdog.progress()
         try:
             await runtime.ensure_bucket()
             await runtime.processor.process(values)
@@ -112,10 +120,64 @@ async def sweep() -> None:
         log.info("sweep scheduled finalize", extra={"batch_ids": due})
 
 
+def backlog() -> dict[str, int | None]:
+    """Results waiting per actively owned results partition: fetch high-water mark - committed.
+
+    Both come from faust's consumer without a call into its consumer thread (which is what can
+    hang): ``highwater`` reads aiokafka's last fetch answer (``None`` before the first one; Tansu's
+    ListOffsets LATEST is wrong, the fetch's mark is right) and ``_committed_offset`` is the next
+    offset faust committed or found committed on assignment (``None`` for 0).
+    """
+    consumer = app.consumer
+    topic = results.get_topic_name()
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # ConsumerNotStarted: no partitions yet
+        return {}
+    waiting: dict[str, int | None] = {}
+    for tp in app.assignor.assigned_actives():
+        if tp.topic != topic or tp not in assigned:
+            continue
+        try:
+            high = consumer.highwater(tp)
+        except AssertionError:  # aiokafka: revoked since ``assignment()``
+            continue
+        committed = cast(Any, consumer)._committed_offset.get(tp) or 0
+        waiting[f"{tp.topic}[{tp.partition}]"] = None if high is None else max(high - committed, 0)
+    return waiting
+
+
+@app.timer(config.stall_check_seconds)
+async def check_stall() -> None:
+    if watchdog.stalled:
+        return
+    reason = watchdog.check(backlog())
+    if reason is None:
+        return
+    STALLS.inc()
+    log.error(
+        "aggregator stalled; exiting so that it is restarted",
+        extra={"reason": reason, "exit_in_s": config.stall_exit_delay_s, "status": STALL_EXIT_STATUS},
+    )
+    # A thread, not the loop: a graceful stop could wait on the stuck consumer forever. Nothing
+    # is lost: unacked results are delivered again and the bitmap drops lines already counted.
+    exit_timer = threading.Timer(config.stall_exit_delay_s, _exit_stalled)
+    exit_timer.daemon = True
+    exit_timer.start()
+
+
+def _exit_stalled() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(STALL_EXIT_STATUS)
+
+
 @app.page("/health")
 async def health(self: View, request: Request) -> Response:
+    if watchdog.reason is not None:
+        return self.json({"status": "stalled", "reason": watchdog.reason}, status=503)
     if await runtime.healthy():
-        return self.json({"status": "healthy"})
+        return self.json({"status": "healthy", "backlog": backlog()})
     return self.json({"status": "unhealthy"}, status=503)
 
 

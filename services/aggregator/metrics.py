@@ -33,3 +33,7 @@ COUNT_UPDATES = Counter(
 FINALIZE_SECONDS = Histogram(
     "batchstream_aggregator_finalize_seconds", "Time to merge and register a batch's files."
 )
+STALLS = Counter(
+    "batchstream_aggregator_stalls_total",
+    "Times the watchdog found results waiting and none processed (the worker then exits).",
+)

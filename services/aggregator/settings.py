@@ -32,3 +32,12 @@ class AggregatorConfig(AggregatorSettings):
     cancel_timeout_s: float = 60.0
     # Most overdue batches (expired or cancel timed out) one sweep looks at.
     sweep_batch_limit: int = 500
+    # The stall watchdog (watchdog.py): results waiting this long with nothing processed make the
+    # worker answer 503 on /health and exit with status 70 after ``stall_exit_delay_s``; 0 means
+    # any results seen waiting at a check. Owning no results partition for
+    # ``stall_unassigned_timeout_s`` is a stall too (0: never; keep 0 for workers beyond the
+    # results partition count, which own nothing by design). Checked every ``stall_check_seconds``.
+    stall_timeout_s: float = 120.0
+    stall_unassigned_timeout_s: float = 300.0
+    stall_check_seconds: float = 5.0
+    stall_exit_delay_s: float = 5.0

@@ -9,10 +9,13 @@ what lands in MongoDB and S3. The aggregator is killed and restarted through the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +26,7 @@ import psutil
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from deploy.local.stack import Stack
+from deploy.local.stack import REPO_ROOT, Stack
 from services.aggregator.sinks import output_file_id
 from shared.kafka import encode
 from shared.mongo import Mongo
@@ -46,6 +49,10 @@ AGGREGATOR_ENV = {
     "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
     "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
     "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
+    # Short enough that a watchdog firing on a healthy worker shows up here (the worker exits).
+    "BATCHSTREAM_AGGREGATOR_STALL_TIMEOUT_S": "15",
+    "BATCHSTREAM_AGGREGATOR_STALL_UNASSIGNED_TIMEOUT_S": "30",
+    "BATCHSTREAM_AGGREGATOR_STALL_CHECK_SECONDS": "0.5",
 }
 
 
@@ -94,6 +101,10 @@ def http_get(url: str) -> bytes:
 
 
 # --- helpers
+
+
+def health_url(stack: Stack) -> str:
+    return f"http://127.0.0.1:{stack.ports.aggregator}/health"
 
 
 async def insert_batch(mongo: Mongo, total: int, status: str = "in_progress") -> str:
@@ -159,15 +170,32 @@ async def read_lines(store: ObjectStore, file_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) async for line in store.iter_lines(file_key(file_id))]
 
 
+def spawn_aggregator(stack: Stack, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The stack's aggregator command with ``env`` on top, not waited for (it may never be healthy)."""
+    comp = stack.components()["aggregator"]
+    if comp.prepare is not None:
+        comp.prepare()
+    with stack.log_file("aggregator").open("ab") as log:
+        return subprocess.Popen(
+            comp.argv,
+            env={**comp.env, **env},
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 # --- tests
 
 
 async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
     port = agg_stack.ports.aggregator
     health = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/health")
-    assert json.loads(health) == {"status": "healthy"}
+    assert json.loads(health)["status"] == "healthy"
     metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
     assert b"batchstream_aggregator_results_processed_total" in metrics
+    assert b"batchstream_aggregator_stalls_total 0.0" in metrics
 
 
 async def test_batch_completes_with_exact_counts_and_files(clients: Clients, aggregator: int) -> None:
@@ -318,8 +346,80 @@ async def test_throughput_20000_lines(agg_stack: Stack, clients: Clients, aggreg
         f"\n20,000 results: published in {published:.1f}s, all counted after "
         f"{counted_at:.1f}s, completed after {elapsed:.1f}s ({total / elapsed:,.0f} lines/s)"
     )
+
+    # Idle again: the watchdog's backlog (high-water mark - committed) drains to 0 everywhere.
+    async def drained() -> dict[str, Any] | None:
+        body = json.loads(await asyncio.to_thread(http_get, f"{health_url(agg_stack)}"))
+        return body if body["backlog"] and not any(body["backlog"].values()) else None
+
+    await eventually(drained, 30, "backlog 0 on every owned partition")
     # A clean, prompt shutdown: SIGTERM, exit status 0 within 30 s (psutil reaps our child).
     process = psutil.Process(aggregator)
     process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(process.wait, 30) == 0
     assert agg_stack.pid("aggregator") is None
+
+
+async def test_stall_watchdog_reports_and_exits(agg_stack: Stack, clients: Clients) -> None:
+    """With a zero stall timeout, results seen waiting at a check are a stall: 503, metric, exit 70.
+
+    A real stall (faust's consumer thread stuck) cannot be provoked from outside; zero tolerance
+    runs the same wiring (backlog from the live consumer, timer, page, metric, exit). The batch
+    then completes exactly on a normal worker: the restart loses and doubles nothing.
+    """
+    await asyncio.to_thread(agg_stack.stop, ["aggregator"])
+    total = 2000
+    batch_id = await insert_batch(clients.mongo, total)
+    results = [make_result(batch_id, n) for n in range(1, total + 1)]
+    await publish(clients, results)
+
+    async def trickle() -> None:
+        """Redeliveries (the bitmap drops them) keep results waiting at every check."""
+        for n in range(10_000):
+            await publish(clients, results[(n * 20) % total :][:20])
+            await asyncio.sleep(0.05)
+
+    proc = await asyncio.to_thread(
+        spawn_aggregator,
+        agg_stack,
+        {"BATCHSTREAM_AGGREGATOR_STALL_TIMEOUT_S": "0", "BATCHSTREAM_AGGREGATOR_STALL_EXIT_DELAY_S": "15"},
+    )
+    publisher = asyncio.create_task(trickle())
+    try:
+
+        async def stalled() -> dict[str, Any] | None:
+            try:
+                await asyncio.to_thread(http_get, health_url(agg_stack))
+            except urllib.error.HTTPError as error:
+                body: dict[str, Any] = json.loads(error.read())
+                return body if body["status"] == "stalled" else None
+            except OSError:
+                return None  # not listening yet
+            return None
+
+        body = await eventually(stalled, 60, "/health 503 stalled")
+        assert "results wait" in body["reason"]
+        metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{agg_stack.ports.aggregator}/metrics")
+        assert b"batchstream_aggregator_stalls_total 1.0" in metrics
+        assert await asyncio.to_thread(proc.wait, 60) == 70
+    finally:
+        publisher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await publisher
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    restarts = 0
+
+    async def completed() -> dict[str, Any] | None:
+        nonlocal restarts
+        if agg_stack.pid("aggregator") is None:  # what a supervisor does after an exit
+            restarts += 1
+            await asyncio.to_thread(agg_stack.start, ["aggregator"])
+        doc = await clients.mongo.batches.find_one({"_id": batch_id})
+        return doc if doc and doc["status"] == "completed" else None
+
+    doc = await eventually(completed, 180, f"{batch_id} completed")
+    assert doc["request_counts"] == {"total": total, "completed": total, "failed": 0}
+    print(f"\nbatch completed after the stall; aggregator started {restarts} time(s)")
