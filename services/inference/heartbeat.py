@@ -1,6 +1,7 @@
 """The worker's entry in the ``models`` collection, refreshed as a heartbeat.
 
-The api lists a model while its ``last_seen`` is recent (``ApiSettings.model_heartbeat_ttl_s``).
+The api lists every model a worker has announced (validation accepts its lines even while no
+worker runs: they wait on Kafka); ``last_seen`` tells operators when one was last alive.
 One upsert every few seconds per worker: never per request line.
 """
 

@@ -70,13 +70,6 @@ class ResultMessage(BaseModel):
     def succeeded(self) -> bool:
         return self.response is not None and self.response.status_code == 200
 
-    def usage(self) -> dict[str, int]:
-        """The response body's token usage, or zeros."""
-        if not self.succeeded or self.response is None:
-            return {}
-        raw = self.response.body.get("usage") or {}
-        return {k: int(v) for k, v in raw.items() if isinstance(v, int)}
-
     def output_line(self) -> dict[str, Any]:
         """The line as written to the batch's output or error file."""
         return {

@@ -92,7 +92,8 @@ async def test_success_is_a_200_response_with_the_served_model() -> None:
         "batch_1",
         3,
     )
-    assert result.succeeded and result.usage()["total_tokens"] >= 1
+    assert result.succeeded and result.response is not None
+    assert result.response.body["usage"]["total_tokens"] >= 1
 
 
 async def test_engine_rejection_is_a_4xx_response_not_an_error() -> None:
