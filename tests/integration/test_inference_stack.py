@@ -19,6 +19,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from openai import OpenAI
 from openai.types import Batch
+from pymongo import MongoClient
 
 from deploy.local.stack import ModelSpec, Stack
 from shared.kafka import encode, make_producer
@@ -90,19 +92,33 @@ def all_lines(client: OpenAI, batch: Batch) -> list[dict[str, Any]]:
     return read_lines(client, batch.output_file_id) + read_lines(client, batch.error_file_id)
 
 
-def metric(stack: Stack, n: int, name: str, labels: str = "") -> float:
-    """One sample from the n-th worker's /metrics (0 when absent)."""
+def _metrics_text(stack: Stack, n: int) -> str:
     url = f"http://127.0.0.1:{stack.ports.inference + n}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
+        return str(response.read().decode())
+
+
+def metric(stack: Stack, n: int, name: str, labels: str = "") -> float:
+    """One sample from the n-th worker's /metrics (0 when absent)."""
     pattern = re.escape(name + (f"{{{labels}}}" if labels else "")) + r" ([0-9.e+]+)"
-    found = re.search(pattern, text)
+    found = re.search(pattern, _metrics_text(stack, n))
     return float(found.group(1)) if found else 0.0
 
 
-def completed(client: OpenAI, batch_id: str) -> int:
-    counts = client.batches.retrieve(batch_id).request_counts
-    return counts.completed + counts.failed if counts else 0
+def finished(stack: Stack, n: int = 0) -> float:
+    """Request messages the n-th worker has answered, whatever the outcome."""
+    pattern = r"^batchstream_inference_requests_total\{[^}]*\} ([0-9.e+]+)$"
+    return sum(float(sample) for sample in re.findall(pattern, _metrics_text(stack, n), re.M))
+
+
+@contextmanager
+def worker_restored(stack: Stack, worker: str) -> Iterator[None]:
+    """Whatever happens inside, the worker is running again afterwards (later tests need it)."""
+    try:
+        yield
+    finally:
+        if stack.pid(worker) is None:
+            stack.start([worker])
 
 
 def assert_each_line_once(client: OpenAI, batch: Batch, ids: list[str]) -> None:
@@ -246,9 +262,34 @@ async def _result_times(stack: Stack, batch_ids: set[str], count: int) -> list[t
     return sorted(found)
 
 
-def test_two_batches_share_one_engine(client: OpenAI, stack: Stack, model_id: str) -> None:
-    # Lines of different lengths finish one after another, so each batch's results spread over
-    # its run; if the batches share the engine, their results interleave in time.
+async def _results_now(stack: Stack, batch_id: str) -> int:
+    """How many results of the batch the results topic holds right now (read up to its end)."""
+    kafka = stack.kafka_settings()
+    topic = results_topic(kafka)
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id=None)
+    await consumer.start()
+    count = 0
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        async with asyncio.timeout(60):
+            # Up to each partition's fetch high-water mark (Tansu's ListOffsets answers too low).
+            while True:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    count += sum(1 for r in records if json.loads(r.value).get("batch_id") == batch_id)
+                positions = [(await consumer.position(tp), consumer.highwater(tp)) for tp in partitions]
+                if all(high is not None and position >= high for position, high in positions):
+                    break
+    finally:
+        await consumer.stop()
+    return count
+
+
+def test_two_batches_share_one_engine(client: OpenAI, stack: Stack, worker: str, model_id: str) -> None:
+    # Both batches wait on the requests topic while the worker is down, so neither can finish before
+    # the other is emitted however fast the engine is. Lines of different lengths finish one after
+    # another, so each batch's results spread over its run; sharing the engine, they interleave.
     size = 16
     lines = [
         [
@@ -257,8 +298,24 @@ def test_two_batches_share_one_engine(client: OpenAI, stack: Stack, model_id: st
         ]
         for tag in "ab"
     ]
-    first = run_batch(client, CHAT, lines[0])
-    second = run_batch(client, CHAT, lines[1])
+    env = stack.env()
+    mongo: MongoClient[dict[str, Any]] = MongoClient(env["BATCHSTREAM_MONGO_URI"])
+    database = mongo[env["BATCHSTREAM_MONGO_DATABASE"]]
+    with worker_restored(stack, worker):
+        stack.stop([worker])
+        first = run_batch(client, CHAT, lines[0])
+        second = run_batch(client, CHAT, lines[1])
+        wait_until(
+            lambda: (
+                database.batches.count_documents({"_id": {"$in": [first.id, second.id]}, "emitted": True})
+                == 2
+            ),
+            60,
+            "both batches on the requests topic",
+            interval_s=0.2,
+        )
+        mongo.close()
+        stack.start([worker])
     for batch in (first, second):
         done = wait_terminal(client, batch.id)
         assert done.status == "completed" and done.request_counts
@@ -366,41 +423,61 @@ def test_a_cancelled_batch_never_runs_its_unstarted_lines(
 
 def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Batch, list[str]]:
     ids = [f"{tag}{i}" for i in range(size)]
-    body = chat(model_id, "tell me more", max_tokens=64, ignore_eos=True)
+    body = chat(model_id, "tell me more", max_tokens=128, ignore_eos=True)
     return run_batch(client, CHAT, [line(i, CHAT, body) for i in ids]), ids
+
+
+# The worker keeps at most 2 x max_num_seqs = 128 lines in flight. The signal goes out as soon as
+# its own /metrics shows work (not the batch's counts, which trail by a second: the tiny model can
+# finish hundreds of lines in that time), so most of a 400-line batch is still unread on the topic.
+SIZE = 400
 
 
 def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(
     client: OpenAI, stack: Stack, worker: str, model_id: str
 ) -> None:
-    batch, ids = _long_batch(client, model_id, 300, "k")
-    wait_until(lambda: completed(client, batch.id) > 0, 120, "some lines to finish", interval_s=0.2)
-    pid = stack.pid(worker)
-    assert pid is not None
-    os.killpg(pid, signal.SIGKILL)
-    wait_until(lambda: stack.pid(worker) is None, 30, "the worker to die", interval_s=0.2)
-    left = len(ids) - completed(client, batch.id)
-    assert left > 0, "the batch finished before the kill: make it longer"
-    stack.start([worker])
+    with worker_restored(stack, worker):
+        before = finished(stack)
+        batch, ids = _long_batch(client, model_id, SIZE, "k")
+        wait_until(lambda: finished(stack) > before, 120, "some lines to finish", interval_s=0.1)
+        pid = stack.pid(worker)
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        wait_until(lambda: stack.pid(worker) is None, 30, "the worker to die", interval_s=0.2)
+        left = len(ids) - asyncio.run(_results_now(stack, batch.id))
+        print(f"{left} of {len(ids)} lines had no result when the worker was killed")
+        assert left > 0, "the batch finished before the kill: make it longer"
+        stack.start([worker])
     assert_each_line_once(client, wait_terminal(client, batch.id), ids)
 
 
 def test_a_sigterm_drains_in_flight_work_and_exits_zero(
     client: OpenAI, stack: Stack, worker: str, model_id: str
 ) -> None:
-    batch, ids = _long_batch(client, model_id, 300, "t")
-    wait_until(lambda: completed(client, batch.id) > 0, 120, "some lines to finish", interval_s=0.2)
-    pid = stack.pid(worker)
-    assert pid is not None
-    process = stack._procs[pid]  # the Popen object: its exit status
-    # SIGTERM to the worker process only, as `docker stop` and Kubernetes send it (a signal to the
-    # whole process group would also stop vLLM's engine core under the draining worker).
-    os.kill(pid, signal.SIGTERM)
-    assert process.wait(timeout=60) == 0
-    stack.stop([worker])  # forgets the PID file; nothing is left to stop
-    assert completed(client, batch.id) < len(ids), "the batch finished before the stop"
-    started = time.monotonic()
-    stack.start([worker])
-    restart_s = time.monotonic() - started
+    with worker_restored(stack, worker):
+        started_before = metric(stack, 0, "batchstream_inference_started_total")
+        batch, ids = _long_batch(client, model_id, SIZE, "t")
+        wait_until(
+            lambda: metric(stack, 0, "batchstream_inference_started_total") > started_before,
+            120,
+            "the first line to start",
+            interval_s=0.1,
+        )
+        pid = stack.pid(worker)
+        assert pid is not None
+        process = stack._procs[pid]  # the Popen object: its exit status
+        # SIGTERM to the worker process only, as `docker stop` and Kubernetes send it (a signal to
+        # the whole process group would also stop vLLM's engine core under the draining worker).
+        os.kill(pid, signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        stack.stop([worker])  # forgets the PID file; nothing is left to stop
+        # The drain took nothing new: the worker is gone and has published results for only part
+        # of the batch (every line still ends up exactly once, below).
+        drained = asyncio.run(_results_now(stack, batch.id))
+        print(f"{drained} of {len(ids)} lines had a result when the drained worker exited")
+        assert drained < len(ids), "the batch finished before the stop"
+        started = time.monotonic()
+        stack.start([worker])
+        restart_s = time.monotonic() - started
     assert_each_line_once(client, wait_terminal(client, batch.id), ids)
     print(f"worker restart took {restart_s:.1f} s")
