@@ -175,6 +175,7 @@ def batchstream_once(
     tokens, failed, texts = summarize_output(lines)
     tap.wait_for(batch.id, len(lines), 10)
     last_result = max(tap.times.get(batch.id) or [float("nan")])
+    first_result = min(tap.times.get(batch.id) or [float("nan")])
     timed = done - created_at
     cpu_after = stack_cpu(pids)
     return {
@@ -187,6 +188,7 @@ def batchstream_once(
         "failed": failed,
         "output_tokens": tokens,
         "tokens_per_s": tokens / timed,
+        "to_first_result_s": first_result - created_at,
         "to_last_result_s": last_result - created_at,
         "tokens_per_s_to_last_result": tokens / (last_result - created_at),
         "_texts": texts,
@@ -270,6 +272,7 @@ def run(args: Any) -> dict[str, Any]:
                 "system",
                 "timed s",
                 "tok/s",
+                "to first result s",
                 "to last result s",
                 "wall s",
                 "start-up s",
@@ -283,6 +286,7 @@ def run(args: Any) -> dict[str, Any]:
                     x["system"],
                     x["timed_s"],
                     x["tokens_per_s"],
+                    x.get("to_first_result_s", float("nan")),
                     x.get("to_last_result_s", float("nan")),
                     x["wall_s"],
                     x.get("startup_s", float("nan")),

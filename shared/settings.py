@@ -101,6 +101,9 @@ class InferenceSettings(BaseSettings):
     health_port: int = 0  # 0: no health server
     health_host: str = "127.0.0.1"  # 0.0.0.0 in a container
     drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
+    # How long an idle fetch may wait for requests. Tansu holds a fetch this long even when
+    # records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines).
+    fetch_max_wait_ms: int = 100
     group_id: str = ""  # default: batchstream-inference-<model>
 
     @property

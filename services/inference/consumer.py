@@ -103,7 +103,9 @@ class RequestConsumer:
         drain_timeout_s: float = 30.0,
     ) -> RequestConsumer:
         model_id = handler.engine.model_id
-        consumer = make_consumer(kafka, group_id(inference, model_id))
+        consumer = make_consumer(
+            kafka, group_id(inference, model_id), fetch_max_wait_ms=inference.fetch_max_wait_ms
+        )
         return cls(
             consumer,
             producer,
