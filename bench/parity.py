@@ -210,6 +210,7 @@ def run(args: Any) -> dict[str, Any]:
         BATCHSTREAM_INFERENCE_MAX_NUM_SEQS=str(args.max_num_seqs),
         BATCHSTREAM_INFERENCE_MAX_MODEL_LEN=str(args.max_model_len),
         BATCHSTREAM_INFERENCE_DTYPE="auto",
+        **dict(item.split("=", 1) for item in args.env),
     )
     rounds: list[dict[str, Any]] = []
     try:
@@ -332,4 +333,4 @@ def cpu_report(rounds: list[dict[str, Any]], worker: str) -> str:
 
 def _settings(args: Any) -> dict[str, Any]:
     keys = ["parity_requests", "max_tokens", "max_num_seqs", "max_model_len", "kv_cache_gib", "rounds"]
-    return {k: getattr(args, k) for k in keys} | {"model_dir": args.model_dir}
+    return {k: getattr(args, k) for k in keys} | {"model_dir": args.model_dir, "extra_env": args.env}

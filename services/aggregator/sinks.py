@@ -29,6 +29,7 @@ from services.aggregator.state import BatchState, SeenLines
 from shared.documents import file_document
 from shared.protocol.messages import ResultMessage
 from shared.protocol.openai import TERMINAL_STATUSES, FileObject
+from shared.released_files import purge_if_released
 from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class Finalizer:
             return None
         status = str(doc.get("status"))
         if status in TERMINAL_STATUSES:
-            await self.cleanup(batch_id, status)
+            await self.cleanup(batch_id, status, str(doc.get("input_file_id") or ""))
             return status
         total = int((doc.get("request_counts") or {}).get("total") or 0)
         state = BatchState.from_dict(self._states.get(batch_id))
@@ -153,15 +154,17 @@ class Finalizer:
         metrics.BATCHES_FINALIZED.labels(final).inc()
         metrics.FINALIZE_SECONDS.observe(time.monotonic() - started)
         log.info("batch finalized", extra={"batch_id": batch_id, "status": final, **update})
-        await self.cleanup(batch_id, final)
+        await self.cleanup(batch_id, final, str(doc.get("input_file_id") or ""))
         return final
 
-    async def cleanup(self, batch_id: str, status: str) -> None:
-        """Forget a terminal batch: its chunk objects and its table entry."""
+    async def cleanup(self, batch_id: str, status: str, input_file_id: str = "") -> None:
+        """Forget a terminal batch: its chunk objects, its table entry, an input file deleted
+        while it ran (``shared/released_files.py``)."""
         self._directory.mark(batch_id, status)
         await self._store.delete_prefix(result_chunk_prefix(batch_id))
         if batch_id in self._states:
             del self._states[batch_id]
+        await purge_if_released(self._files, self._batches, self._store, input_file_id)
 
     async def _write_files(self, batch_id: str, project: str, fill: Fill | None) -> dict[str, Any]:
         work = Path(await asyncio.to_thread(_make_work_dir, self._work_dir, batch_id))

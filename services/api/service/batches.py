@@ -26,6 +26,7 @@ from shared.protocol.openai import (
     BatchErrors,
     ListObject,
 )
+from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
 from shared.storage import ObjectStore
 
@@ -204,9 +205,7 @@ class BatchService:
         file_doc = await self.mongo.files.find_one({"_id": doc["input_file_id"]})
         now = int(time.time())
         if file_doc is None:
-            await self._fail(
-                doc["_id"], [{"code": "invalid_request", "message": "The input file was deleted."}]
-            )
+            await self._fail(doc, [{"code": "invalid_request", "message": "The input file was deleted."}])
             return False
         known = {
             m["_id"]: m.get("max_context_length")
@@ -220,7 +219,7 @@ class BatchService:
         )
         report = await validator.run(self.store.iter_lines(file_doc["object_key"]))
         if not report.ok:
-            await self._fail(doc["_id"], [e.model_dump() for e in report.errors])
+            await self._fail(doc, [e.model_dump() for e in report.errors])
             log.info(
                 "batch failed validation",
                 extra={"batch_id": doc["_id"], "errors": report.error_count},
@@ -247,9 +246,9 @@ class BatchService:
         )
         return True
 
-    async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
+    async def _fail(self, doc: dict[str, Any], errors: list[dict[str, Any]]) -> None:
         await self.mongo.batches.update_one(
-            {"_id": batch_id},
+            {"_id": doc["_id"]},
             {
                 "$set": {
                     "status": "failed",
@@ -258,3 +257,4 @@ class BatchService:
                 }
             },
         )
+        await purge_if_released(self.mongo.files, self.mongo.batches, self.store, doc["input_file_id"])

@@ -13,6 +13,7 @@ from shared.documents import file_document, file_from_document
 from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
 from shared.mongo import Mongo
 from shared.protocol.openai import TERMINAL_STATUSES, FileObject, ListObject
+from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
 from shared.storage import ObjectStore, file_key
 
@@ -107,7 +108,8 @@ class FileService:
         """Delete a file; one a running batch still reads is hidden now and its bytes kept.
 
         The kept bytes belong to the batch: the aggregator streams the input file again to name
-        the lines of a cancelled or expired batch.
+        the lines of a cancelled or expired batch. They go when the last such batch ends
+        (``shared/released_files.py``).
         """
         doc = await self.document(project, file_id)
         in_use = await self.mongo.batches.count_documents(
@@ -115,6 +117,8 @@ class FileService:
         )
         if in_use:
             await self.mongo.files.update_one({"_id": file_id}, {"$set": {"deleted": True}})
+            # The batch may have ended since the check: then nobody else would remove the bytes.
+            await purge_if_released(self.mongo.files, self.mongo.batches, self.store, file_id)
             return
         await self.mongo.files.delete_one({"_id": file_id})
         await self.store.delete(doc["object_key"])

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
 
 import httpx
 import pytest
+from minio import Minio
+from minio.error import S3Error
 from openai import OpenAI
 
+from deploy.local.stack import Stack
 from tests.integration.api.conftest import chat_request, jsonl
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -51,10 +56,11 @@ def test_a_deleted_file_is_gone(client: OpenAI) -> None:
         client.files.retrieve(file_id)
 
 
-def test_a_file_in_use_by_a_running_batch_stays_readable_by_it(
-    client: OpenAI, http: httpx.Client, unserved_model: str, mongo_db: Any
+def test_a_file_in_use_by_a_running_batch_stays_readable_by_it_until_it_ends(
+    client: OpenAI, http: httpx.Client, stack: Stack, unserved_model: str, mongo_db: Any
 ) -> None:
-    file_id = upload(client, jsonl([chat_request("a", unserved_model)]))
+    ids = ["a", "b", "c"]
+    file_id = upload(client, jsonl([chat_request(i, unserved_model) for i in ids]))
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
@@ -64,7 +70,20 @@ def test_a_file_in_use_by_a_running_batch_stays_readable_by_it(
     stored = mongo_db.files.find_one({"_id": file_id})
     assert stored is not None, "the running batch can still find its input"
     assert client.batches.retrieve(batch.id).input_file_id == file_id
-    client.batches.cancel(batch.id)
+
+    # The batch expires (no worker serves the model): its error file names every line, streamed
+    # from the hidden input, and then the input's document and bytes go.
+    mongo_db.batches.update_one({"_id": batch.id}, {"$set": {"expires_at": int(time.time()) - 1}})
+    expired = _wait_status(client, batch.id, {"expired"})
+    errors = [json.loads(x) for x in client.files.content(expired.error_file_id).text.split("\n") if x]
+    assert [e["custom_id"] for e in errors] == ids
+    wait_until(lambda: mongo_db.files.find_one({"_id": file_id}) is None, 30, "the input's document to go")
+    settings = stack.storage_settings()
+    s3 = Minio(
+        settings.endpoint, settings.access_key, settings.secret_key, secure=False, region=settings.region
+    )
+    with pytest.raises(S3Error, match=r"NoSuchKey|does not exist"):
+        s3.stat_object(settings.bucket, stored["object_key"])
 
 
 def test_expires_after_sets_the_file_expiry(http: httpx.Client) -> None:
