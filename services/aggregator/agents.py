@@ -15,6 +15,7 @@ from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.aggregator.app import app, config, kafka_settings
+from services.aggregator.coalescer import ChunkCoalescer
 from services.aggregator.metrics import STALLS
 from services.aggregator.pipeline import ChunkPipeline
 from services.aggregator.runtime import Runtime, partition_for
@@ -45,6 +46,7 @@ async def aggregate(stream: StreamT[bytes]) -> None:
         await _process_until_done([event.value for event in events])
         for event in events:
             await stream.ack(event)
+        coalescer.settled(events)
         await _flush_counts()
         log.debug(
             "chunk processed",
@@ -56,17 +58,45 @@ async def aggregate(stream: StreamT[bytes]) -> None:
             },
         )
 
+    async def submit(events: list[EventT[bytes]]) -> None:
+        waited = await pipeline.submit(events)
+        if waited > 0.001:
+            log.debug("chunk waited for the previous one", extra={"seconds": round(waited, 4)})
+
     pipeline: ChunkPipeline[EventT[bytes]] = ChunkPipeline(handle)
-    # faust types noack_take's items as values; they are the events.
-    chunks = cast(Stream[bytes], stream).noack_take(config.chunk_lines, within=config.chunk_seconds)
+    coalescer: ChunkCoalescer[EventT[bytes]] = ChunkCoalescer(
+        submit,
+        max_lines=config.chunk_lines,
+        max_age_s=config.chunk_seconds,
+        batch_of=_batch_of,
+        remaining=runtime.processor.remaining,
+    )
+    ticker = asyncio.create_task(_tick_forever(coalescer, config.chunk_poll_seconds))
+    # Short polls; the coalescer cuts the chunks. faust types noack_take's items as values; they
+    # are the events.
+    polls = cast(Stream[bytes], stream).noack_take(config.chunk_lines, within=config.chunk_poll_seconds)
     try:
-        async for items in chunks:
+        async for items in polls:
             watchdog.progress()
-            waited = await pipeline.submit(cast(list[EventT[bytes]], items))
-            if waited > 0.001:
-                log.debug("chunk waited for the previous one", extra={"seconds": round(waited, 4)})
+            await coalescer.add(cast(list[EventT[bytes]], items))
     finally:
+        ticker.cancel()
         await pipeline.cancel()
+
+
+def _batch_of(event: EventT[bytes]) -> str | None:
+    """Workers key a batch's results by its id (direct requests' results go to reply topics)."""
+    key = event.message.key
+    return key.decode(errors="replace") if isinstance(key, bytes) else None
+
+
+async def _tick_forever(coalescer: ChunkCoalescer[EventT[bytes]], interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await coalescer.tick()
+        except Exception:
+            log.exception("cutting an old chunk failed; retrying at the next tick")
 
 
 async def _process_until_done(values: list[Any]) -> None:

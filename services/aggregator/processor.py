@@ -128,6 +128,14 @@ class ChunkProcessor:
         if 0 < info.total <= state.done:
             self._schedule_finalize(batch_id)
 
+    async def remaining(self, batch_id: str) -> int | None:
+        """Lines of a running batch still without a counted result (None: unknown, no total yet)."""
+        info = await self._directory.get(batch_id)
+        if info is None or info.terminal or info.total <= 0:
+            return None
+        data = self._states.get(batch_id) or {}
+        return info.total - int(data.get("completed", 0)) - int(data.get("failed", 0))
+
     async def sweep(self, owns: Callable[[str], bool]) -> list[str]:
         """Schedule finalize for owned batches that are due; returns their ids.
 

@@ -23,6 +23,8 @@ class AggregatorConfig(AggregatorSettings):
     stream_buffer_maxsize: int = 20_000
     # The longest a fetch waits for records (faust hard-codes 1500; see transport.py).
     fetch_max_wait_ms: int = 100
+    # How often the results agent takes what arrived; chunks are cut from these polls (coalescer.py).
+    chunk_poll_seconds: float = 0.1
     standby_replicas: int = 1
     finalize_concurrency: int = 2
     download_concurrency: int = 16
