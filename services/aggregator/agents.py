@@ -36,8 +36,9 @@ async def aggregate(stream: StreamT[bytes]) -> None:
     """Process results in chunks; ack a chunk's events only once it is stored and counted.
 
     ``noack_take`` leaves acking to us: a chunk cut short by a crash, an error or SIGTERM is
-    never acked, so its offsets are never committed and it is delivered again. Each chunk is
-    handled in the background (``pipeline.py``) while the next one is collected.
+    never acked, so its offsets are never committed and it is delivered again. Short polls feed
+    the coalescer, which decides where a chunk ends (``coalescer.py``); each chunk is handled in
+    the background (``pipeline.py``) while the next one is collected.
     """
 
     async def handle(events: list[EventT[bytes]]) -> None:
