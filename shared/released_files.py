@@ -1,11 +1,11 @@
 """Deleting the bytes of a file that was deleted while a running batch still read it.
 
-``DELETE /v1/files/{id}`` on a file an unfinished batch reads only hides it (``deleted: true``):
-the batch's workers are fed already, but finalize may stream the input again to name the lines of
-a cancelled or expired batch. Once no unfinished batch reads it, the file document and its object
-go. Both sides call :func:`purge_if_released`: whoever ends a batch (the aggregator, or the api
-when validation fails), and the api right after hiding a file, so the two orders of "batch ends"
-and "file deleted" both end with the bytes gone. The calls are idempotent.
+``DELETE /v1/files/{id}`` hides a file (``deleted: true``) and then calls
+:func:`purge_if_released`, which removes its document and object unless an unfinished batch reads
+it: that batch's workers are fed already, but finalize may stream the input again to name the lines
+of a cancelled or expired batch. Whoever ends a batch (the aggregator, or the api when validation
+fails) calls it too, so both orders of "batch ends" and "file deleted" end with the bytes gone.
+The calls are idempotent.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ async def purge_if_released(
     store: ObjectStore,
     file_id: str,
 ) -> bool:
-    """Remove a hidden (deleted) file once no unfinished batch reads it; True when removed."""
+    """Remove a hidden (deleted) file unless an unfinished batch reads it; True when removed."""
     if not file_id:
         return False
     doc = await files.find_one({"_id": file_id, "deleted": True}, {"object_key": 1})
@@ -38,5 +38,5 @@ async def purge_if_released(
         return False
     await store.delete(str(doc["object_key"]))
     await files.delete_one({"_id": file_id, "deleted": True})
-    log.info("deleted file released by its last batch", extra={"file_id": file_id})
+    log.info("deleted file removed", extra={"file_id": file_id})
     return True

@@ -12,7 +12,7 @@ from shared import ids
 from shared.documents import file_document, file_from_document
 from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
 from shared.mongo import Mongo
-from shared.protocol.openai import TERMINAL_STATUSES, FileObject, ListObject
+from shared.protocol.openai import FileObject, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
 from shared.storage import ObjectStore, file_key
@@ -111,17 +111,11 @@ class FileService:
         the lines of a cancelled or expired batch. They go when the last such batch ends
         (``shared/released_files.py``).
         """
-        doc = await self.document(project, file_id)
-        in_use = await self.mongo.batches.count_documents(
-            {"input_file_id": file_id, "status": {"$nin": list(TERMINAL_STATUSES)}}, limit=1
-        )
-        if in_use:
-            await self.mongo.files.update_one({"_id": file_id}, {"$set": {"deleted": True}})
-            # The batch may have ended since the check: then nobody else would remove the bytes.
-            await purge_if_released(self.mongo.files, self.mongo.batches, self.store, file_id)
-            return
-        await self.mongo.files.delete_one({"_id": file_id})
-        await self.store.delete(doc["object_key"])
+        await self.document(project, file_id)  # 404 unless this project sees the file
+        # Hidden first, then removed unless an unfinished batch reads it. Whichever comes last,
+        # this or the end of that batch, removes it: the same check runs on both sides.
+        await self.mongo.files.update_one({"_id": file_id}, {"$set": {"deleted": True}})
+        await purge_if_released(self.mongo.files, self.mongo.batches, self.store, file_id)
 
     async def content(self, project: str, file_id: str) -> AsyncIterator[bytes]:
         doc = await self.document(project, file_id)
