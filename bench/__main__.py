@@ -46,14 +46,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
     pipe.add_argument("--small-runs", type=int, default=3, help="runs of the 10-line batch alone")
     pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
-    pipe.add_argument(
+    parser.add_argument(
         "--env",
         action="append",
         default=[],
+        type=_setting,
         metavar="KEY=VALUE",
-        help="extra setting for the pipeline stack's services (repeatable), for experiments",
+        help="extra setting for the stack's services in both benchmarks (repeatable), for experiments",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.env = dict(args.env)
+    return args
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not key or not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def _clean(value: Any) -> Any:

@@ -210,7 +210,7 @@ def run(args: Any) -> dict[str, Any]:
         BATCHSTREAM_INFERENCE_MAX_NUM_SEQS=str(args.max_num_seqs),
         BATCHSTREAM_INFERENCE_MAX_MODEL_LEN=str(args.max_model_len),
         BATCHSTREAM_INFERENCE_DTYPE="auto",
-        **dict(item.split("=", 1) for item in args.env),
+        **args.env,
     )
     rounds: list[dict[str, Any]] = []
     try:

@@ -129,8 +129,7 @@ def upload_small(client: OpenAI, tag: str) -> str:
 
 
 def run(args: Any, results_dir: Path) -> dict[str, Any]:
-    extra = dict(item.split("=", 1) for item in args.env)
-    stack = new_stack([ModelSpec("", MODEL, engine="fake")], **extra)
+    stack = new_stack([ModelSpec("", MODEL, engine="fake")], **args.env)
     work = Path(tempfile.mkdtemp(prefix="batchstream-pipeline-"))
     big_path = work / "big.jsonl"
     size = write_padded_file(big_path, args.lines, args.line_bytes, MODEL, "line")
@@ -219,7 +218,7 @@ def _measure(
             "file_bytes": size,
             "small_lines": SMALL_LINES,
             "small_runs": args.small_runs,
-            "extra_env": dict(item.split("=", 1) for item in args.env),
+            "extra_env": args.env,
         },
         "status": doc.get("status"),
         "request_counts": counts,
