@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 from deploy.local.stack import ModelSpec, Stack, free_ports
 
@@ -57,6 +59,15 @@ def stack(stand_ins: Stack) -> Iterator[Stack]:
         yield stand_ins
     finally:
         stand_ins.stop(services)
+
+
+@pytest.fixture(scope="session")
+def mongo_db(stack: Stack) -> Iterator[Any]:
+    """The stack's database, for what tests read or set behind the api (a sync client)."""
+    env = stack.env()
+    client: MongoClient[dict[str, Any]] = MongoClient(env["BATCHSTREAM_MONGO_URI"])
+    yield client[env["BATCHSTREAM_MONGO_DATABASE"]]
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,6 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from openai import OpenAI
 from openai.types import Batch
-from pymongo import MongoClient
 
 from deploy.local.stack import ModelSpec, Stack
 from shared.kafka import encode, make_producer
@@ -239,8 +238,11 @@ def test_embedding_bodies_match_vllms_server(client: OpenAI, embed_model: str) -
 # ------------------------------------------------------------------------------ shared engine
 
 
-async def _result_times(stack: Stack, batch_ids: set[str], count: int) -> list[tuple[int, str]]:
-    """(publish time in ms, batch id) of every result of the batches, read from the results topic."""
+async def _results_on_topic(stack: Stack, batch_ids: set[str]) -> list[tuple[int, str]]:
+    """(publish time in ms, batch id) of every result of the batches the results topic holds now.
+
+    Read up to each partition's fetch high-water mark (Tansu's ListOffsets answers too low).
+    """
     kafka = stack.kafka_settings()
     topic = results_topic(kafka)
     consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id=None)
@@ -251,42 +253,23 @@ async def _result_times(stack: Stack, batch_ids: set[str], count: int) -> list[t
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         async with asyncio.timeout(60):
-            while len(found) < count:
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    for record in records:
-                        result = json.loads(record.value)
-                        if result.get("batch_id") in batch_ids:
-                            found.append((record.timestamp, result["batch_id"]))
-    finally:
-        await consumer.stop()
-    return sorted(found)
-
-
-async def _results_now(stack: Stack, batch_id: str) -> int:
-    """How many results of the batch the results topic holds right now (read up to its end)."""
-    kafka = stack.kafka_settings()
-    topic = results_topic(kafka)
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id=None)
-    await consumer.start()
-    count = 0
-    try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        async with asyncio.timeout(60):
-            # Up to each partition's fetch high-water mark (Tansu's ListOffsets answers too low).
             while True:
                 for records in (await consumer.getmany(timeout_ms=500)).values():
-                    count += sum(1 for r in records if json.loads(r.value).get("batch_id") == batch_id)
+                    for record in records:
+                        batch_id = json.loads(record.value).get("batch_id")
+                        if batch_id in batch_ids:
+                            found.append((record.timestamp, batch_id))
                 positions = [(await consumer.position(tp), consumer.highwater(tp)) for tp in partitions]
                 if all(high is not None and position >= high for position, high in positions):
                     break
     finally:
         await consumer.stop()
-    return count
+    return sorted(found)
 
 
-def test_two_batches_share_one_engine(client: OpenAI, stack: Stack, worker: str, model_id: str) -> None:
+def test_two_batches_share_one_engine(
+    client: OpenAI, stack: Stack, worker: str, model_id: str, mongo_db: Any
+) -> None:
     # Both batches wait on the requests topic while the worker is down, so neither can finish before
     # the other is emitted however fast the engine is. Lines of different lengths finish one after
     # another, so each batch's results spread over its run; sharing the engine, they interleave.
@@ -298,30 +281,28 @@ def test_two_batches_share_one_engine(client: OpenAI, stack: Stack, worker: str,
         ]
         for tag in "ab"
     ]
-    env = stack.env()
-    mongo: MongoClient[dict[str, Any]] = MongoClient(env["BATCHSTREAM_MONGO_URI"])
-    database = mongo[env["BATCHSTREAM_MONGO_DATABASE"]]
     with worker_restored(stack, worker):
         stack.stop([worker])
         first = run_batch(client, CHAT, lines[0])
         second = run_batch(client, CHAT, lines[1])
         wait_until(
             lambda: (
-                database.batches.count_documents({"_id": {"$in": [first.id, second.id]}, "emitted": True})
+                mongo_db.batches.count_documents({"_id": {"$in": [first.id, second.id]}, "emitted": True})
                 == 2
             ),
             60,
             "both batches on the requests topic",
             interval_s=0.2,
         )
-        mongo.close()
         stack.start([worker])
     for batch in (first, second):
         done = wait_terminal(client, batch.id)
         assert done.status == "completed" and done.request_counts
         assert done.request_counts.completed == size
 
-    times = asyncio.run(_result_times(stack, {first.id, second.id}, 2 * size))
+    # Both batches are completed, so the aggregator has read every one of their results.
+    times = asyncio.run(_results_on_topic(stack, {first.id, second.id}))
+    assert len(times) >= 2 * size
     order = [batch_id for _, batch_id in times]
     spans = {b: (min(t for t, x in times if x == b), max(t for t, x in times if x == b)) for b in order}
     # Each batch finished lines while the other was still finishing lines: one engine, both batches.
@@ -444,7 +425,7 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(
         assert pid is not None
         os.killpg(pid, signal.SIGKILL)
         wait_until(lambda: stack.pid(worker) is None, 30, "the worker to die", interval_s=0.2)
-        left = len(ids) - asyncio.run(_results_now(stack, batch.id))
+        left = len(ids) - len(asyncio.run(_results_on_topic(stack, {batch.id})))
         print(f"{left} of {len(ids)} lines had no result when the worker was killed")
         assert left > 0, "the batch finished before the kill: make it longer"
         stack.start([worker])
@@ -473,7 +454,7 @@ def test_a_sigterm_drains_in_flight_work_and_exits_zero(
         stack.stop([worker])  # forgets the PID file; nothing is left to stop
         # The drain took nothing new: the worker is gone and has published results for only part
         # of the batch (every line still ends up exactly once, below).
-        drained = asyncio.run(_results_now(stack, batch.id))
+        drained = len(asyncio.run(_results_on_topic(stack, {batch.id})))
         print(f"{drained} of {len(ids)} lines had a result when the drained worker exited")
         assert drained < len(ids), "the batch finished before the stop"
         started = time.monotonic()

@@ -15,20 +15,11 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
-from pymongo import MongoClient
 
 from deploy.local.stack import Stack
 from tests.integration.waiting import wait_until
 
 UNSERVED_MODEL = "unserved-model"
-
-
-@pytest.fixture(scope="session")
-def mongo_db(stack: Stack) -> Iterator[Any]:
-    env = stack.env()
-    client: MongoClient[dict[str, Any]] = MongoClient(env["BATCHSTREAM_MONGO_URI"])
-    yield client[env["BATCHSTREAM_MONGO_DATABASE"]]
-    client.close()
 
 
 @pytest.fixture(scope="session")
