@@ -67,14 +67,14 @@ class ChunkCoalescer(Generic[T]):
         self._pending_per_batch.update(batches)
         if (
             len(self._pending) >= self._max_lines
-            or self._clock() - self._oldest >= self._max_age_s
+            or self._old()
             or await self._completes_a_batch(set(batches))
         ):
             await self.flush()
 
     async def tick(self) -> None:
         """Cut the pending events if the oldest has waited long enough (no poll comes when idle)."""
-        if self._pending and self._clock() - self._oldest >= self._max_age_s:
+        if self._pending and self._old():
             await self.flush()
 
     async def flush(self) -> None:
@@ -91,6 +91,9 @@ class ChunkCoalescer(Generic[T]):
         """The chunk's results are in the table now (``remaining`` counts them)."""
         self._unsettled_per_batch.subtract(b for b in map(self._batch_of, chunk) if b)
         self._unsettled_per_batch = +self._unsettled_per_batch  # drop zero and negative counts
+
+    def _old(self) -> bool:
+        return self._clock() - self._oldest >= self._max_age_s
 
     async def _completes_a_batch(self, batch_ids: set[str]) -> bool:
         for batch_id in batch_ids:
