@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -10,13 +11,14 @@ import time
 from typing import Any, cast
 
 from faust import Stream
-from faust.types import EventT, StreamT
+from faust.types import TP, EventT, StreamT
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.aggregator.app import app, config, kafka_settings
 from services.aggregator.coalescer import ChunkCoalescer
-from services.aggregator.metrics import STALLS
+from services.aggregator.metrics import REWINDS, STALLS
+from services.aggregator.offset_gaps import GapRewinder, PartitionOffsets, unaccounted
 from services.aggregator.pipeline import ChunkPipeline
 from services.aggregator.runtime import Runtime, partition_for
 from services.aggregator.tables import batch_states
@@ -29,6 +31,7 @@ runtime = Runtime(config, batch_states)
 RETRY_MAX_S = 5.0
 STALL_EXIT_STATUS = 70  # EX_SOFTWARE
 watchdog = StallWatchdog(config.stall_timeout_s, config.stall_unassigned_timeout_s)
+rewinder: GapRewinder[TP] = GapRewinder(config.gap_rewind_after_s)
 
 
 @app.agent(results, concurrency=1)
@@ -151,6 +154,16 @@ async def sweep() -> None:
         log.info("sweep scheduled finalize", extra={"batch_ids": due})
 
 
+def owned_results_partitions() -> list[TP]:
+    """The results partitions this worker actively owns and its consumer has assigned."""
+    topic = results.get_topic_name()
+    try:
+        assigned = app.consumer.assignment()
+    except Exception:  # ConsumerNotStarted: no partitions yet
+        return []
+    return [tp for tp in app.assignor.assigned_actives() if tp.topic == topic and tp in assigned]
+
+
 def backlog() -> dict[str, int | None]:
     """Results waiting per actively owned results partition: fetch high-water mark - committed.
 
@@ -159,23 +172,68 @@ def backlog() -> dict[str, int | None]:
     ListOffsets LATEST is wrong, the fetch's mark is right) and ``_committed_offset`` is the next
     offset faust committed or found committed on assignment (``None`` for 0).
     """
-    consumer = app.consumer
-    topic = results.get_topic_name()
-    try:
-        assigned = consumer.assignment()
-    except Exception:  # ConsumerNotStarted: no partitions yet
-        return {}
-    waiting: dict[str, int | None] = {}
-    for tp in app.assignor.assigned_actives():
-        if tp.topic != topic or tp not in assigned:
-            continue
+    return {
+        f"{tp.topic}[{tp.partition}]": None
+        if offsets.highwater is None
+        else max(offsets.highwater - (offsets.committed or 0), 0)
+        for tp, offsets in partition_offsets().items()
+    }
+
+
+def partition_offsets() -> dict[TP, PartitionOffsets]:
+    """faust's bookkeeping of each owned results partition, read without a call into its thread."""
+    consumer = cast(Any, app.consumer)
+    in_flight: dict[TP, list[int]] = collections.defaultdict(list)
+    for message in list(consumer._unacked_messages):  # a weak set; acked ones linger in it
+        if not message.acked:
+            in_flight[message.tp].append(message.offset)
+    view: dict[TP, PartitionOffsets] = {}
+    for tp in owned_results_partitions():
         try:
-            high = consumer.highwater(tp)
+            highwater = consumer.highwater(tp)
         except AssertionError:  # aiokafka: revoked since ``assignment()``
             continue
-        committed = cast(Any, consumer)._committed_offset.get(tp) or 0
-        waiting[f"{tp.topic}[{tp.partition}]"] = None if high is None else max(high - committed, 0)
-    return waiting
+        view[tp] = PartitionOffsets(
+            committed=consumer._committed_offset.get(tp),
+            acked=tuple(consumer._acked.get(tp) or ()),
+            gap_starts=tuple(gap.begin for gap in consumer._gap.get(tp) or ()),
+            highwater=highwater,
+            in_flight=tuple(in_flight.get(tp, ())),
+        )
+    return view
+
+
+def describe_offsets(view: dict[TP, PartitionOffsets]) -> dict[str, dict[str, Any]]:
+    """A short account of ``partition_offsets()`` for the log."""
+    return {
+        f"{tp.topic}[{tp.partition}]": {
+            "committed": offsets.committed,
+            "highwater": offsets.highwater,
+            "acked_not_committed": len(offsets.acked),
+            "lowest_acked": min(offsets.acked, default=None),
+            "in_flight": len(offsets.in_flight),
+            "unaccounted": unaccounted(offsets),
+        }
+        for tp, offsets in view.items()
+    }
+
+
+@app.timer(config.gap_check_seconds)
+async def rewind_lost_offsets() -> None:
+    """Fetch again the results faust dropped and will never deliver (offset_gaps.py)."""
+    view = partition_offsets()
+    for tp in rewinder.due({tp: unaccounted(offsets) for tp, offsets in view.items()}):
+        committed = view[tp].committed
+        assert committed is not None  # ``unaccounted`` reports nothing without it
+        REWINDS.inc()
+        log.warning(
+            "results offsets that faust will not deliver; fetching again from the committed one",
+            extra={"partition": f"{tp.topic}[{tp.partition}]", "offsets": describe_offsets({tp: view[tp]})},
+        )
+        try:
+            await app.consumer.seek_wait({tp: committed})
+        except Exception:
+            log.exception("rewinding failed; retrying after the next wait", extra={"partition": str(tp)})
 
 
 @app.timer(config.stall_check_seconds)
@@ -188,7 +246,12 @@ async def check_stall() -> None:
     STALLS.inc()
     log.error(
         "aggregator stalled; exiting so that it is restarted",
-        extra={"reason": reason, "exit_in_s": config.stall_exit_delay_s, "status": STALL_EXIT_STATUS},
+        extra={
+            "reason": reason,
+            "exit_in_s": config.stall_exit_delay_s,
+            "status": STALL_EXIT_STATUS,
+            "offsets": describe_offsets(partition_offsets()),
+        },
     )
     # A thread, not the loop: a graceful stop could wait on the stuck consumer forever. Nothing
     # is lost: unacked results are delivered again and the bitmap drops lines already counted.

@@ -37,3 +37,8 @@ STALLS = Counter(
     "batchstream_aggregator_stalls_total",
     "Times the watchdog found results waiting and none processed (the worker then exits).",
 )
+REWINDS = Counter(
+    "batchstream_aggregator_offset_rewinds_total",
+    "Times a results partition was fetched again from its committed offset because faust had "
+    "dropped offsets it would never deliver (offset_gaps.py).",
+)

@@ -43,3 +43,8 @@ class AggregatorConfig(AggregatorSettings):
     stall_unassigned_timeout_s: float = 300.0
     stall_check_seconds: float = 5.0
     stall_exit_delay_s: float = 5.0
+    # Results faust dropped after a rebalance (offset_gaps.py): a partition whose offsets from the
+    # committed one up are neither acked nor in flight for ``gap_rewind_after_s`` is fetched again
+    # from its committed offset. Checked every ``gap_check_seconds``.
+    gap_rewind_after_s: float = 5.0
+    gap_check_seconds: float = 1.0

@@ -1,4 +1,4 @@
-"""faust's aiokafka transport with the consumer's fetch wait taken from the settings.
+"""faust's aiokafka transport: the consumer's fetch wait from the settings, and no commit past a hole.
 
 faust 0.15 hard-codes ``fetch_max_wait_ms=1500`` for its worker consumer. Real Kafka answers a
 fetch as soon as ``fetch_min_bytes`` (1) are there, so the wait only bounds an idle poll; Tansu
@@ -18,6 +18,7 @@ from typing import Any
 
 import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -31,6 +32,24 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 class Consumer(faust_aiokafka.Consumer):
     thread_class: type[ConsumerThread] = ConsumerThread
+
+    def _new_offset(self, tp: TP) -> int | None:
+        """faust's, except that it never commits past an offset that was not acked.
+
+        faust's committed offset is the next one to process, but its check for a hole below the
+        acked offsets treats it as the last one processed: with offset ``c`` committed and
+        ``c + 1`` the lowest acked, it commits past ``c`` although ``c`` was never acked. When
+        faust has dropped ``c`` (offset_gaps.py) that result would never be counted. Here any
+        hole makes it wait, and the agent fetches the hole again. The results topics have no
+        broker offset gaps of their own (no transactions, no compaction), so a hole is a drop.
+        """
+        committed = self._committed_offset.get(tp)
+        acked = self._acked.get(tp)
+        if committed is not None and acked:
+            lowest = min([*acked, *(gap.begin for gap in self._gap.get(tp) or ())])
+            if lowest > committed:
+                return None
+        return super()._new_offset(tp)
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return self.thread_class(self, loop=self.loop, beacon=self.beacon)

@@ -8,23 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.aggregator.coalescer import ChunkCoalescer
+from tests.unit.aggregator.fake_clock import FakeClock
 
 Event = tuple[str, int]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make(
     remaining: dict[str, int], *, max_lines: int = 100, max_age_s: float = 0.5
 ) -> tuple[ChunkCoalescer[Event], list[list[Event]], FakeClock]:
     chunks: list[list[Event]] = []
-    clock = FakeClock()
+    clock = FakeClock(100.0)
 
     async def submit(chunk: list[Event]) -> None:
         chunks.append(chunk)

@@ -3,17 +3,7 @@
 from __future__ import annotations
 
 from services.aggregator.watchdog import StallWatchdog
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.unit.aggregator.fake_clock import FakeClock
 
 
 def make(timeout_s: float = 120.0, unassigned_timeout_s: float = 0.0) -> tuple[StallWatchdog, FakeClock]:
