@@ -118,7 +118,14 @@ class ChunkProcessor:
             log.warning("results with a bad line number", extra={"batch_id": batch_id})
         if not fresh:
             return
-        await self._writer.write(batch_id, fresh)
+        key = await self._writer.write(batch_id, fresh)
+        if self._ended_meanwhile(batch_id):
+            # A finalize (expiry or cancel timeout) ended the batch during the write: its files
+            # are out and its state and chunks are forgotten. Recording now would bring the
+            # state back and leave this chunk behind; the lines are late, like any after the end.
+            await self._writer.discard(key)
+            metrics.LATE_RESULTS_DROPPED.inc(len(fresh))
+            return
         state.record(fresh)
         self._states[batch_id] = state.to_dict()
         self._counts.mark(batch_id)
@@ -127,6 +134,10 @@ class ChunkProcessor:
         metrics.RESULTS_PROCESSED.labels("failed").inc(len(fresh) - ok)
         if 0 < info.total <= state.done:
             self._schedule_finalize(batch_id)
+
+    def _ended_meanwhile(self, batch_id: str) -> bool:
+        info = self._directory.cached(batch_id)  # finalize marks it before forgetting the state
+        return info is not None and info.terminal
 
     async def remaining(self, batch_id: str) -> int | None:
         """Lines of a running batch still without a counted result (None: unknown, no total yet)."""

@@ -72,6 +72,9 @@ class ChunkWriter:
         metrics.CHUNKS_WRITTEN.inc()
         return key
 
+    async def discard(self, key: str) -> None:
+        await self._store.delete(key)
+
 
 class Finalizer:
     """Merges a complete batch's chunks into its output and error files and ends the batch."""

@@ -30,17 +30,24 @@ class FakeDirectory:
     async def get(self, batch_id: str) -> BatchInfo | None:
         return self.infos.get(batch_id)
 
+    def cached(self, batch_id: str) -> BatchInfo | None:
+        return self.infos.get(batch_id)
+
 
 class FakeWriter:
     def __init__(self, fail: bool = False) -> None:
         self.chunks: list[tuple[str, list[int | None]]] = []
+        self.discarded: list[str] = []
         self.fail = fail
 
     async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
         if self.fail:
             raise OSError("storage down")
         self.chunks.append((batch_id, [r.line for r in results]))
-        return "key"
+        return f"key-{len(self.chunks)}"
+
+    async def discard(self, key: str) -> None:
+        self.discarded.append(key)
 
 
 class FakeCounts:
@@ -94,3 +101,21 @@ async def test_terminal_and_unknown_batches_are_dropped() -> None:
     processor, states, _, _ = make(writer, status="completed")
     await processor.process([raw("b1", 1), raw("other", 1)])
     assert writer.chunks == [] and states == {}
+
+
+async def test_a_batch_ended_by_a_finalize_during_the_write_keeps_no_chunk_and_no_state() -> None:
+    """Finalize (expiry, cancel timeout) ran while the chunk was written: nothing comes back."""
+    writer = FakeWriter()
+    processor, states, counts, finalized = make(writer, status="cancelling")
+    directory = processor._directory
+    write = writer.write
+
+    async def write_while_finalized(batch_id: str, results: list[ResultMessage]) -> str:
+        key = await write(batch_id, results)
+        directory.infos["b1"] = BatchInfo("b1", "cancelled", 3, "p")  # Finalizer.cleanup's mark
+        return key
+
+    writer.write = write_while_finalized  # type: ignore[method-assign]
+    await processor.process([raw("b1", 1), raw("b1", 2)])
+    assert writer.discarded == ["key-1"]
+    assert "b1" not in states and not counts.dirty and not finalized
