@@ -28,7 +28,7 @@ Kept free of faust so the unit tests drive it with plain values and a fake clock
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -47,12 +47,18 @@ class PartitionOffsets:
     in_flight: Sequence[int]  # delivered to the agent, not acked yet
 
 
+def lowest_acked(acked: Iterable[int], gap_starts: Iterable[int]) -> int | None:
+    """The lowest offset faust counts as acked (its recorded broker gaps included); None: none."""
+    return min([*acked, *gap_starts], default=None)
+
+
 def unaccounted(offsets: PartitionOffsets) -> Range | None:
     """The offsets ``[committed, head)`` that nobody holds: not acked and not in flight."""
     if offsets.committed is None:  # nothing to rewind to
         return None
-    pending = [*offsets.acked, *offsets.gap_starts]
-    head = min(pending) if pending else offsets.highwater
+    head = lowest_acked(offsets.acked, offsets.gap_starts)
+    if head is None:
+        head = offsets.highwater
     if head is None or head <= offsets.committed:
         return None
     if any(offsets.committed <= offset < head for offset in offsets.in_flight):

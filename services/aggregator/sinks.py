@@ -113,8 +113,9 @@ class Finalizer:
             log.warning("finalize: no batch document", extra={"batch_id": batch_id})
             return None
         status = str(doc.get("status"))
+        input_file_id = str(doc.get("input_file_id") or "")
         if status in TERMINAL_STATUSES:
-            await self.cleanup(batch_id, status, str(doc.get("input_file_id") or ""))
+            await self.cleanup(batch_id, status, input_file_id)
             return status
         total = int((doc.get("request_counts") or {}).get("total") or 0)
         state = BatchState.from_dict(self._states.get(batch_id))
@@ -134,7 +135,7 @@ class Finalizer:
             )
         fill = None
         if reason is not None and total > 0:
-            fill = Fill(reason.code, str(doc.get("input_file_id") or ""), state.seen)
+            fill = Fill(reason.code, input_file_id, state.seen)
         update = await self._write_files(batch_id, str(doc.get("project") or "default"), fill)
         counts = update["request_counts"]
         counts["total"] = total
@@ -157,7 +158,7 @@ class Finalizer:
         metrics.BATCHES_FINALIZED.labels(final).inc()
         metrics.FINALIZE_SECONDS.observe(time.monotonic() - started)
         log.info("batch finalized", extra={"batch_id": batch_id, "status": final, **update})
-        await self.cleanup(batch_id, final, str(doc.get("input_file_id") or ""))
+        await self.cleanup(batch_id, final, input_file_id)
         return final
 
     async def cleanup(self, batch_id: str, status: str, input_file_id: str = "") -> None:

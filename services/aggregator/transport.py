@@ -20,6 +20,8 @@ import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from services.aggregator.offset_gaps import lowest_acked
+
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     fetch_max_wait_ms = 1500  # faust's; replaced by ``transport_for``
@@ -44,11 +46,10 @@ class Consumer(faust_aiokafka.Consumer):
         broker offset gaps of their own (no transactions, no compaction), so a hole is a drop.
         """
         committed = self._committed_offset.get(tp)
-        acked = self._acked.get(tp)
-        if committed is not None and acked:
-            lowest = min([*acked, *(gap.begin for gap in self._gap.get(tp) or ())])
-            if lowest > committed:
-                return None
+        gaps = (gap.begin for gap in self._gap.get(tp) or ())
+        lowest = lowest_acked(self._acked.get(tp) or (), gaps)
+        if committed is not None and lowest is not None and lowest > committed:
+            return None
         return super()._new_offset(tp)
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
