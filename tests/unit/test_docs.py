@@ -69,7 +69,9 @@ def test_relative_links_point_at_existing_files_and_anchors(page: Path) -> None:
     for target in relative_links(page):
         path_part, _, anchor = target.partition("#")
         destination = (page.parent / path_part).resolve() if path_part else page
-        if not destination.exists():
+        if not destination.is_relative_to(REPO_ROOT):
+            broken.append(f"{target}: outside the repository")
+        elif not destination.exists():
             broken.append(f"{target}: no such file")
         elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
             broken.append(f"{target}: no heading #{anchor}")
