@@ -107,7 +107,7 @@ class ApiSettings(BaseSettings):
     max_batch_lines: int = 50_000
     """Most request lines in a batch input file; more fail the batch with ``too_many_tasks``."""
     max_reported_errors: int = 1000
-    """Most entries in a failed batch's ``errors.data`` (every bad line is still counted)."""
+    """Most entries in a failed batch's ``errors.data`` (the log gives the full count of bad lines)."""
     create_dedupe_window_s: float = 60.0
     """Identical creates (same project, same body) without an ``Idempotency-Key`` within this many
     seconds return the first batch."""
