@@ -1,6 +1,8 @@
 """Typed, frozen settings, one class per dependency, all read from the environment.
 
-Every variable is prefixed ``BATCHSTREAM_``; e.g. ``BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS``.
+Every variable is prefixed ``BATCHSTREAM_``; e.g. ``BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS``. Each
+field's docstring is its description in docs/configuration.md, which ``python -m
+deploy.config_docs`` generates from these classes (a unit test fails when the page is stale).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ DEV_S3_SECRET = "batchstream-local-secret"
 
 
 def _config(prefix: str) -> SettingsConfigDict:
-    return SettingsConfigDict(env_prefix=f"BATCHSTREAM_{prefix}", frozen=True, extra="ignore")
+    return SettingsConfigDict(
+        env_prefix=f"BATCHSTREAM_{prefix}", frozen=True, extra="ignore", use_attribute_docstrings=True
+    )
 
 
 class RuntimeSettings(BaseSettings):
@@ -21,7 +25,10 @@ class RuntimeSettings(BaseSettings):
 
     model_config = _config("")
     environment: str = "development"
+    """``development`` or ``test`` accept the well-known local API key and S3 secret; any other
+    value (e.g. ``production``) makes every service refuse to start with them."""
     log_level: str = "INFO"
+    """Python log level; logs are JSON lines on stderr."""
 
     @property
     def is_development(self) -> bool:
@@ -36,42 +43,74 @@ class RuntimeSettings(BaseSettings):
 
 
 class KafkaSettings(BaseSettings):
+    """The Kafka cluster and the topics every service agrees on."""
+
     model_config = _config("KAFKA_")
     bootstrap_servers: str = "127.0.0.1:19092"
+    """Comma-separated ``host:port`` list of brokers."""
     topic_prefix: str = ""
+    """Prefix of every topic name (and of the aggregator's group and changelog), so several
+    deployments can share one cluster."""
     request_partitions: int = 4
+    """Partitions of a ``requests.<model>`` topic when a service creates it: the most workers one
+    model can use at once."""
     results_partitions: int = 4
+    """Partitions of the ``results`` and ``control`` topics and of the aggregator's table when
+    created: the most aggregator workers that share the work."""
     replication_factor: int = 1
+    """Replication factor of the topics a service creates."""
 
 
 class MongoSettings(BaseSettings):
+    """MongoDB: file, batch, model, API key and idempotency documents."""
+
     model_config = _config("MONGO_")
     uri: str = "mongodb://127.0.0.1:27117/?directConnection=true"
+    """MongoDB connection string."""
     database: str = "batchstream"
+    """Database that holds batchstream's collections."""
 
 
 class StorageSettings(BaseSettings):
+    """Object storage (S3, MinIO, SeaweedFS): file bytes and result chunks."""
+
     model_config = _config("S3_")
     endpoint: str = "127.0.0.1:18333"
+    """``host:port`` of the S3 endpoint, without scheme."""
     access_key: str = "batchstream"
+    """S3 access key."""
     secret_key: str = DEV_S3_SECRET
+    """S3 secret key; the default (the local stack's) is refused outside development."""
     bucket: str = "batchstream"
+    """Bucket for file bytes and result chunks; created when missing."""
     secure: bool = False
+    """Use HTTPS to reach the endpoint."""
     region: str = "us-east-1"
+    """S3 region."""
 
 
 class ApiSettings(BaseSettings):
+    """The HTTP api: where it listens, who may call it, OpenAI's limits."""
+
     model_config = _config("API_")
     host: str = "127.0.0.1"
+    """Address the api listens on."""
     port: int = 10900
-    # Comma separated; a key may be written "key=project" to name its project.
+    """Port the api listens on."""
     keys: str = DEV_API_KEY
+    """Comma-separated API keys, each ``key`` or ``key=project`` (a bare key belongs to project
+    ``default``); hashed at start-up. The default is refused outside development."""
     max_file_bytes: int = 512 * 1024 * 1024
+    """Largest upload in bytes (OpenAI's 512 MiB); larger ones answer 413."""
     max_batch_input_bytes: int = 200 * 1024 * 1024
+    """Largest ``purpose=batch`` upload in bytes (OpenAI's 200 MiB)."""
     max_batch_lines: int = 50_000
+    """Most request lines in a batch input file; more fail the batch with ``too_many_tasks``."""
     max_reported_errors: int = 1000
-    # Identical creates (same key, same body) within this window return the first batch.
+    """Most entries in a failed batch's ``errors.data`` (the log gives the full count of bad lines)."""
     create_dedupe_window_s: float = 60.0
+    """Identical creates (same project, same body) without an ``Idempotency-Key`` within this many
+    seconds return the first batch."""
 
     def project_by_key(self) -> dict[str, str]:
         """Map each configured key to its project (``default`` unless named)."""
@@ -87,24 +126,42 @@ class InferenceSettings(BaseSettings):
     """One worker serves one model on one engine (one GPU, or the CPU here)."""
 
     model_config = _config("INFERENCE_")
-    engine: str = "vllm"  # or "fake": InstantFakeEngine, for tests and the pipeline benchmark
+    engine: str = "vllm"
+    """``vllm``, or ``fake``: instant answers without a model, for tests and the pipeline
+    benchmark."""
     model: str = Field(default="", description="Path or name of the model vLLM loads.")
     served_model_name: str = ""
-    runner: str = "generate"  # or "pooling" for an embeddings model
+    """The model id clients name in ``body.model``; names the topic ``requests.<id>``. Default:
+    the model."""
+    runner: str = "generate"
+    """vLLM runner: ``generate`` (chat, completions) or ``pooling`` (an embeddings model)."""
     dtype: str = "auto"
+    """vLLM ``--dtype``."""
     max_num_seqs: int = 64
+    """vLLM ``--max-num-seqs``: sequences the engine batches at once."""
     max_model_len: int = 2048
+    """vLLM ``--max-model-len`` (prompt + output tokens); 0: the model's own limit."""
     tensor_parallel_size: int = 1
+    """vLLM ``--tensor-parallel-size``: GPUs one engine spans."""
     gpu_memory_utilization: float = 0.9
+    """vLLM ``--gpu-memory-utilization``."""
     enforce_eager: bool = False
-    max_in_flight: int = 0  # 0: twice max_num_seqs
-    health_port: int = 0  # 0: no health server
-    health_host: str = "127.0.0.1"  # 0.0.0.0 in a container
-    drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
-    # How long an idle fetch may wait for requests. Tansu holds a fetch this long even when
-    # records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines).
+    """vLLM ``--enforce-eager`` (no CUDA graphs; faster start)."""
+    max_in_flight: int = 0
+    """Requests held by the worker at once; its partitions pause while full. 0: twice
+    ``max_num_seqs``."""
+    health_port: int = 0
+    """Port of the worker's ``/health`` and ``/metrics``; 0: no health server."""
+    health_host: str = "127.0.0.1"
+    """Address of the health server (``0.0.0.0`` in a container)."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM, how long in-flight requests may finish before they are aborted (and redone by
+    the next owner)."""
     fetch_max_wait_ms: int = 100
-    group_id: str = ""  # default: batchstream-inference-<model>
+    """How long an idle fetch may wait for requests. Tansu holds a fetch this long even when
+    records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines)."""
+    group_id: str = ""
+    """Consumer group of the model's workers. Default: ``batchstream-inference-<model>``."""
 
     @property
     def model_id(self) -> str:
@@ -116,11 +173,24 @@ class InferenceSettings(BaseSettings):
 
 
 class AggregatorSettings(BaseSettings):
+    """The aggregator's settings other processes read too (more in services/aggregator/settings.py)."""
+
     model_config = _config("AGGREGATOR_")
     app_id: str = "batchstream-aggregator"
+    """faust app id: the consumer group and the table's changelog topic are named after it (with
+    the topic prefix)."""
     data_dir: str = "/tmp/batchstream-aggregator"
+    """faust's local state and the finalizer's scratch files."""
     web_port: int = 10910
+    """Port of the aggregator's ``/health`` and ``/metrics``."""
     chunk_lines: int = 10_000
+    """Most results in one chunk object."""
     chunk_seconds: float = 0.5
+    """Most seconds a result waits for its chunk to be cut (a chunk holding a batch's last
+    results is cut at once)."""
     counts_flush_seconds: float = 0.5
+    """How often live ``request_counts`` and ``usage`` still unwritten reach MongoDB (they are
+    also written right after each chunk)."""
     sweep_seconds: float = 5.0
+    """How often the aggregator looks for batches to end: complete, expired, or cancelling past
+    the cancel timeout."""

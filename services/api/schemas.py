@@ -15,7 +15,7 @@ class ExpiresAfter(BaseModel):
 
 
 class BatchCreateParams(SamplingDefaults):
-    """``POST /v1/batches``. The sampling defaults are batchstream's extension (CONTRACT.md)."""
+    """``POST /v1/batches``. The sampling defaults are batchstream's extension (docs/api.md)."""
 
     model_config = ConfigDict(extra="ignore")
     input_file_id: str
