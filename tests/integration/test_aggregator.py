@@ -207,9 +207,19 @@ async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
     port = agg_stack.ports.aggregator
     health = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/health")
     assert json.loads(health)["status"] == "healthy"
+    live = json.loads(await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/livez"))
+    assert live["status"] == "alive"
+
+    async def processing() -> dict[str, Any] | None:
+        ready = json.loads(await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz"))
+        return ready if ready["phase"] == "processing" else None
+
+    ready = await eventually(processing, 30, "/readyz phase processing")
+    assert ready["status"] == "healthy" and set(ready["backlog"]) == set(json.loads(health)["backlog"])
     metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
     assert b"batchstream_aggregator_results_processed_total" in metrics
     assert b"batchstream_aggregator_stalls_total 0.0" in metrics
+    assert b'batchstream_aggregator_phase{batchstream_aggregator_phase="processing"} 1.0' in metrics
 
 
 async def test_batch_completes_with_exact_counts_and_files(clients: Clients, aggregator: int) -> None:
