@@ -47,6 +47,7 @@ __all__ = [
     "ConsumerThread",
     "Phase",
     "ResultsPartitions",
+    "install_transport",
     "label",
     "noack_chunks",
     "start_with_app",
@@ -113,6 +114,12 @@ def transport_class(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
     thread = type("ConsumerThread", (ConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms})
     consumer = type("Consumer", (Consumer,), {"thread_class": thread})
     return type("Transport", (faust_aiokafka.Transport,), {"Consumer": consumer})
+
+
+def install_transport(app: faust.App, fetch_max_wait_ms: int) -> None:
+    """Give ``app`` the patched transport; call it before anything touches ``app.transport``
+    (declaring a topic does, so right after building the app)."""
+    app.transport = transport_class(fetch_max_wait_ms)(app.conf.broker_consumer, app)
 
 
 # --- 3-5. the results partitions as faust sees them
