@@ -230,9 +230,12 @@ class ResultsPartitions:
     def recovery_position(self) -> int:
         """Changelog records table recovery has read so far (grows while recovery progresses).
 
-        ``Recovery.active_offsets`` is public but undocumented. Canary:
+        ``Recovery.active_offsets`` is public but undocumented; 0 outside a recovery (the recovery
+        service is created lazily: reading it earlier would create it before faust does). Canary:
         ``test_recovery_exposes_its_position_and_flag``.
         """
+        if not self._app.in_recovery:
+            return 0
         offsets = cast(Any, self._app.tables).recovery.active_offsets
         return sum(offset for offset in offsets.values() if isinstance(offset, int))
 

@@ -133,11 +133,11 @@ def test_recovery_exposes_its_position_and_flag(monkeypatch: pytest.MonkeyPatch)
     results = ResultsPartitions(app, "results")
     assert results.phase() == "unassigned"
     monkeypatch.setitem(recovery.active_offsets, TP_UNDER_TEST, 41)
-    assert results.recovery_position() == 41
+    assert results.recovery_position() == 0  # not recovering
     monkeypatch.setattr(app, "rebalancing", True)
     assert results.phase() == "rebalancing"
     monkeypatch.setattr(app, "in_recovery", True)  # faust keeps ``rebalancing`` set during recovery
-    assert results.phase() == "recovering"
+    assert results.phase() == "recovering" and results.recovery_position() == 41
 
 
 # --- 6. a service that runs before table recovery ends
