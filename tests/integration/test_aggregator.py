@@ -215,7 +215,9 @@ async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
         return ready if ready["phase"] == "processing" else None
 
     ready = await eventually(processing, 30, "/readyz phase processing")
-    assert ready["status"] == "healthy" and set(ready["backlog"]) == set(json.loads(health)["backlog"])
+    health = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/health")  # the same page
+    assert ready["status"] == json.loads(health)["status"] == "healthy"
+    assert set(ready["backlog"]) == set(json.loads(health)["backlog"]) and ready["backlog"]
     metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
     assert b"batchstream_aggregator_results_processed_total" in metrics
     assert b"batchstream_aggregator_stalls_total 0.0" in metrics
