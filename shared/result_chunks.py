@@ -13,20 +13,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shared.protocol.messages import ResultMessage
 
 
 class Record(NamedTuple):
+    """One line of a chunk; every writer (results, merges, fill lines) encodes through it."""
+
     line: int
     succeeded: bool
     payload: bytes  # the output line, compact JSON, without the newline
 
+    def encode(self) -> bytes:
+        return b"%d %d %s\n" % (self.line, int(self.succeeded), self.payload)
+
+
+def compact_json(value: Any) -> bytes:
+    """An output line as a chunk stores it: compact JSON, never a raw newline."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
 
 def encode_record(result: ResultMessage) -> bytes:
-    payload = json.dumps(result.output_line(), separators=(",", ":"), ensure_ascii=False)
-    return b"%d %d %s\n" % (result.line or 0, int(result.succeeded), payload.encode())
+    return Record(result.line or 0, result.succeeded, compact_json(result.output_line())).encode()
 
 
 def encode_chunk(results: Iterable[ResultMessage]) -> bytes:

@@ -34,6 +34,7 @@ class ObjectStore:
             timeout=urllib3.Timeout(connect=5, read=120),
             retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
         )
+        self._http = http
         self.client = Minio(
             settings.endpoint,
             access_key=settings.access_key,
@@ -56,6 +57,10 @@ class ObjectStore:
 
     async def ping(self) -> None:
         await asyncio.to_thread(self.client.bucket_exists, self.bucket)
+
+    def close(self) -> None:
+        """Close the pooled connections (on stop)."""
+        self._http.clear()
 
     async def put_stream(self, key: str, stream: IO[bytes], length: int = -1) -> int:
         """Upload from a readable file object in parts; returns the byte count stored."""

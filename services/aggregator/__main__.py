@@ -37,7 +37,11 @@ async def prepare() -> None:
     """Results and control topics with their partition counts, and the bucket, before joining."""
     await wait_for_kafka(kafka_settings)
     await ensure_topics(kafka_settings, [])
-    await ObjectStore(StorageSettings()).ensure_bucket()
+    store = ObjectStore(StorageSettings())
+    try:
+        await store.ensure_bucket()
+    finally:
+        store.close()
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import faust
 
+from services.aggregator.faust_adapter import install_transport
 from services.aggregator.settings import AggregatorConfig
-from services.aggregator.transport import transport_class
 from shared.settings import KafkaSettings
 
 
@@ -42,8 +42,7 @@ def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
         web_port=config.web_port,
         web_host=config.web_host,
     )
-    # Before anything touches ``app.transport`` (topics do, at import): see transport.py.
-    app.transport = transport_class(config.fetch_max_wait_ms)(app.conf.broker_consumer, app)
+    install_transport(app, config.fetch_max_wait_ms)
     return app
 
 

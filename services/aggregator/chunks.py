@@ -57,7 +57,7 @@ def reduce_fan_in(paths: Sequence[Path], work_dir: Path, fan_in: int = MERGE_FAN
             target = work_dir / f"merge-{level}-{start}.chunk"
             with target.open("wb") as out:
                 for record in _merge_paths(current[start : start + fan_in]):
-                    out.write(b"%d %d %s\n" % (record.line, int(record.succeeded), record.payload))
+                    out.write(record.encode())
             merged.append(target)
         current, level = merged, level + 1
     return current

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.aggregator.state import SeenLines
+from shared.result_chunks import Record, compact_json
+from shared.seen_lines import SeenLines
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def fill_request_id(batch_id: str, line: int) -> str:
 
 
 def fill_record(batch_id: str, line: int, raw: bytes, code: str) -> bytes:
-    """One chunk-format record (see ``chunks.py``) for a line that never ran."""
+    """One chunk-format record (``shared/result_chunks.py``) for a line that never ran."""
     try:
         item = json.loads(raw)
         custom_id = item.get("custom_id") if isinstance(item, dict) else None
@@ -81,8 +82,7 @@ def fill_record(batch_id: str, line: int, raw: bytes, code: str) -> bytes:
         "response": None,
         "error": {"code": code, "message": MESSAGES[code]},
     }
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return b"%d 0 %s\n" % (line, text.encode())
+    return Record(line, False, compact_json(payload)).encode()
 
 
 async def write_fill(

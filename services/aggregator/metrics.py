@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Enum, Histogram
 
 RESULTS_PROCESSED = Counter(
     "batchstream_aggregator_results_processed_total",
@@ -36,6 +36,11 @@ FINALIZE_SECONDS = Histogram(
 STALLS = Counter(
     "batchstream_aggregator_stalls_total",
     "Times the watchdog found results waiting and none processed (the worker then exits).",
+)
+PHASE = Enum(
+    "batchstream_aggregator_phase",
+    "What the worker is doing, as the stall watchdog last saw it (supervisor.py).",
+    states=["unassigned", "rebalancing", "recovering", "processing"],
 )
 REWINDS = Counter(
     "batchstream_aggregator_offset_rewinds_total",

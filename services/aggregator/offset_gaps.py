@@ -18,9 +18,10 @@ stall watchdog then restarts the worker, which loses nothing but takes a rebalan
 notices it sooner and more cheaply. For each owned results partition, ``unaccounted`` finds the
 offsets from the committed one up to the lowest acked one (or up to the high-water mark when
 nothing is acked) that the agent does not hold either. ``GapRewinder`` reports a partition when
-that same range has stood for ``after_s``; the agent then seeks the partition back to its
-committed offset (``agents.py``). The results fetched again that were already counted are
-dropped by the bitmap, so a rewind is harmless even when it was not needed.
+that same range has stood for ``after_s``; the rewind timer then seeks the partition back to its
+committed offset (``timers.py``, through ``faust_adapter.ResultsPartitions.rewind``). The results
+fetched again that were already counted are dropped by the bitmap, so a rewind is harmless even
+when it was not needed.
 
 Kept free of faust so the unit tests drive it with plain values and a fake clock.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 Range = tuple[int, int]
@@ -64,6 +65,18 @@ def unaccounted(offsets: PartitionOffsets) -> Range | None:
     if any(offsets.committed <= offset < head for offset in offsets.in_flight):
         return None  # still on its way through the agent
     return (offsets.committed, head)
+
+
+def describe(offsets: PartitionOffsets) -> dict[str, Any]:
+    """A short account of one partition's offsets for the log."""
+    return {
+        "committed": offsets.committed,
+        "highwater": offsets.highwater,
+        "acked_not_committed": len(offsets.acked),
+        "lowest_acked": min(offsets.acked, default=None),
+        "in_flight": len(offsets.in_flight),
+        "unaccounted": unaccounted(offsets),
+    }
 
 
 class GapRewinder(Generic[K]):

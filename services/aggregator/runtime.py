@@ -1,10 +1,13 @@
-"""Clients and the objects the agent, timers and pages share, built once per worker."""
+"""Clients and the objects the agent, timers and pages share, built once per worker.
+
+Built when the worker starts (``lifecycle.py``), never at import, and closed when it stops.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from aiokafka.partitioner import murmur2
@@ -60,6 +63,11 @@ class Runtime:
             await self.store.ensure_bucket()
             self._bucket_ready = True
 
+    async def process_chunk(self, values: Sequence[bytes | None]) -> None:
+        """One chunk of raw result values through the processor (the bucket made first)."""
+        await self.ensure_bucket()
+        await self.processor.process(values)
+
     async def healthy(self) -> bool:
         try:
             await asyncio.wait_for(asyncio.gather(self.mongo.ping(), self.store.ping()), 3.0)
@@ -68,11 +76,14 @@ class Runtime:
             return False
         return True
 
-    async def shutdown(self) -> None:
-        """Finish what can finish, write the last counts, close clients."""
+    async def drain(self) -> None:
+        """Finish what can finish and write the last counts (while the producer still runs)."""
         await self.scheduler.drain(timeout_s=10.0)
         try:
             await self.counts.flush()
         except Exception:
             log.warning("last counts flush failed", exc_info=True)
+
+    async def close(self) -> None:
         await self.mongo.close()
+        self.store.close()

@@ -31,7 +31,7 @@ class AggregatorConfig(AggregatorSettings):
     """Events faust buffers per partition before pausing its fetch; at faust's 4096 a fast
     producer made the consumer stall ~1 s between bursts."""
     fetch_max_wait_ms: int = 100
-    """The longest a fetch waits for records (faust hard-codes 1500; see transport.py)."""
+    """The longest a fetch waits for records (faust hard-codes 1500; see faust_adapter.py)."""
     chunk_poll_seconds: float = 0.1
     """How often the results agent takes what arrived; chunks are cut from these polls
     (coalescer.py)."""

@@ -1,52 +1,25 @@
 """Per-batch aggregation state: counts, usage sums and a compact bitmap of the lines seen.
 
-The state lives in a faust table as a JSON dict (see ``tables.py``). The bitmap is stored
-zlib-compressed and base64-encoded: a 50,000-line batch is 6.25 KB raw and a few bytes once every
-line is seen, so one changelog record per batch per chunk stays small.
+The state lives in a faust table as a JSON dict (see ``tables.py``). The bitmap
+(``shared/seen_lines.py``) is stored zlib-compressed and base64-encoded: a 50,000-line batch is
+6.25 KB raw and a few bytes once every line is seen, so one changelog record per batch per chunk
+stays small.
 """
 
 from __future__ import annotations
 
-import base64
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.protocol.messages import ResultMessage
+from shared.seen_lines import SeenLines
+
+__all__ = ["MAX_LINES", "USAGE_FIELDS", "BatchState", "SeenLines", "usage_of"]
 
 # A guard against a corrupt line number allocating a huge bitmap (125 KB at most).
 MAX_LINES = 1_000_000
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
-
-
-class SeenLines:
-    """A growable bitmap of 1-based line numbers."""
-
-    def __init__(self, bits: bytes | bytearray = b"") -> None:
-        self._bits = bytearray(bits)
-
-    def __contains__(self, line: int) -> bool:
-        index = line - 1
-        byte = index >> 3
-        return byte < len(self._bits) and bool(self._bits[byte] & (1 << (index & 7)))
-
-    def add(self, line: int) -> None:
-        index = line - 1
-        byte = index >> 3
-        if byte >= len(self._bits):
-            self._bits.extend(bytes(byte + 1 - len(self._bits)))
-        self._bits[byte] |= 1 << (index & 7)
-
-    def count(self) -> int:
-        return sum(b.bit_count() for b in self._bits)
-
-    def encode(self) -> str:
-        return base64.b64encode(zlib.compress(bytes(self._bits), 6)).decode()
-
-    @classmethod
-    def decode(cls, text: str) -> SeenLines:
-        return cls(zlib.decompress(base64.b64decode(text)) if text else b"")
 
 
 def usage_of(result: ResultMessage) -> dict[str, int]:

@@ -2,11 +2,13 @@
 
 Seen on an overloaded machine: after a restart, faust's consumer thread stopped answering
 ("Thread keepalive is not responding...") and the worker processed nothing for minutes while its
-web page kept answering. Nothing in faust notices that, so ``agents.py`` asks this class every few
-seconds, with the backlog of the results partitions this worker actively owns, and on a stall
-answers 503 on /health, counts it, logs it and exits non-zero so that whatever supervises the
-worker starts a new one (results are delivered at least once and the bitmap drops repeats, so a
-restart loses and doubles nothing).
+web page kept answering. Seen after a broker restart: the worker sat in faust's table recovery for
+8+ minutes, 200 results waiting, /health 200. Nothing in faust notices either, so
+``supervisor.py`` asks this class every few seconds, in every phase (table recovery, rebalance,
+processing), with the backlog of the results partitions this worker actively owns; on a stall the
+worker answers 503 on /health and /readyz, counts it, logs it and exits non-zero so that whatever
+supervises it starts a new one (results are delivered at least once and the bitmap drops repeats,
+so a restart loses and doubles nothing).
 
 The decision is kept free of faust so a unit test can drive it with a fake clock.
 """
@@ -22,7 +24,8 @@ class StallWatchdog:
 
     ``progress()`` is called whenever the agent gets a chunk or tries to process one (a retry
     while a dependency is down is progress: /health reports the dependency, a restart would not
-    help). ``check(backlog)`` takes, per owned partition, how many results wait (the fetch
+    help), and while table recovery reads changelog records (a long recovery is not a stall, one
+    that reads nothing is). ``check(backlog)`` takes, per owned partition, how many results wait (the fetch
     high-water mark minus the committed offset), or ``None`` when the consumer has had no fetch
     answer for it yet: a consumer stuck before its first fetch must not look idle. The time is
     counted from the later of the last progress and the first check that saw results waiting, so
@@ -55,8 +58,11 @@ class StallWatchdog:
     def progress(self) -> None:
         self._last_progress = self._clock()
 
-    def check(self, backlog: Mapping[str, int | None]) -> str | None:
-        """The stall's reason if the worker is (or was found) stalled, else ``None``."""
+    def check(self, backlog: Mapping[str, int | None], phase: str = "processing") -> str | None:
+        """The stall's reason if the worker is (or was found) stalled, else ``None``.
+
+        ``phase`` (what the worker was doing: processing, recovering, ...) only goes into the reason.
+        """
         if self.reason is not None:
             return self.reason
         now = self._clock()
@@ -65,7 +71,9 @@ class StallWatchdog:
         elif self._unassigned_since is None:
             self._unassigned_since = now
         elif self.unassigned_timeout_s > 0 and now - self._unassigned_since >= self.unassigned_timeout_s:
-            self.reason = f"owned no results partition for {now - self._unassigned_since:.0f} s"
+            self.reason = (
+                f"owned no results partition for {now - self._unassigned_since:.0f} s (phase: {phase})"
+            )
             return self.reason
         waiting = {name: n for name, n in backlog.items() if n is None or n > 0}
         if not waiting:
@@ -80,5 +88,7 @@ class StallWatchdog:
             f"{name}: {'no fetch answer yet' if n is None else f'{n} waiting'}"
             for name, n in sorted(waiting.items())
         )
-        self.reason = f"no results processed for {idle:.0f} s while results wait ({described})"
+        self.reason = (
+            f"no results processed for {idle:.0f} s while results wait ({described}; phase: {phase})"
+        )
         return self.reason

@@ -189,7 +189,9 @@ def spawn_aggregator(stack: Stack, env: dict[str, str]) -> subprocess.Popen[byte
     comp = stack.components()["aggregator"]
     if comp.prepare is not None:
         comp.prepare()
-    with stack.log_file("aggregator").open("ab") as log:
+    log_path = stack.log_file("aggregator")
+    log_path.parent.mkdir(parents=True, exist_ok=True)  # a test run alone starts no component first
+    with log_path.open("ab") as log:
         return subprocess.Popen(
             comp.argv,
             env={**comp.env, **env},
@@ -207,9 +209,21 @@ async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
     port = agg_stack.ports.aggregator
     health = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/health")
     assert json.loads(health)["status"] == "healthy"
+    live = json.loads(await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/livez"))
+    assert live["status"] == "alive"
+
+    async def processing() -> dict[str, Any] | None:
+        ready = json.loads(await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz"))
+        return ready if ready["phase"] == "processing" else None
+
+    ready = await eventually(processing, 30, "/readyz phase processing")
+    health = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/health")  # the same page
+    assert ready["status"] == json.loads(health)["status"] == "healthy"
+    assert set(ready["backlog"]) == set(json.loads(health)["backlog"]) and ready["backlog"]
     metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
     assert b"batchstream_aggregator_results_processed_total" in metrics
     assert b"batchstream_aggregator_stalls_total 0.0" in metrics
+    assert b'batchstream_aggregator_phase{batchstream_aggregator_phase="processing"} 1.0' in metrics
 
 
 async def test_batch_completes_with_exact_counts_and_files(clients: Clients, aggregator: int) -> None:
@@ -433,3 +447,60 @@ async def test_stall_watchdog_reports_and_exits(agg_stack: Stack, clients: Clien
     doc = await eventually(completed, 180, f"{batch_id} completed")
     assert doc["request_counts"] == {"total": total, "completed": total, "failed": 0}
     print(f"\nbatch completed after the stall; aggregator started {restarts} time(s)")
+
+
+async def test_stall_during_table_recovery_is_reported_and_exits(agg_stack: Stack, clients: Clients) -> None:
+    """The watchdog runs before the first table recovery ends (faust starts app timers only after).
+
+    A worker of a fresh group recovers a changelog of 20,000 records; with a zero stall timeout
+    the results waiting meanwhile (no fetch answer yet: faust pauses them during recovery) are a
+    stall found in the rebalance or recovery phase: 503 with that phase, the metric, exit 70. The
+    old wiring (an ``@app.timer``) could only have found it once recovery was over.
+    """
+    await asyncio.to_thread(agg_stack.stop, ["aggregator"])
+    app_id = f"agg-recovery-{uuid.uuid4().hex[:8]}"
+    changelog = f"{clients.kafka.topic_prefix}{app_id}-batch-state-changelog"
+    state = json.dumps({"completed": 0, "failed": 0, "usage": {}, "seen": ""}).encode()
+    futures = [
+        await clients.producer.send(changelog, state, key=f"batch_recovery_{n:06d}".encode())
+        for n in range(20_000)
+    ]
+    await asyncio.gather(*futures)
+    await publish(clients, [make_result(await insert_batch(clients.mongo, 1), 1)])  # results waiting
+
+    proc = await asyncio.to_thread(
+        spawn_aggregator,
+        agg_stack,
+        {
+            "BATCHSTREAM_AGGREGATOR_APP_ID": app_id,
+            "BATCHSTREAM_AGGREGATOR_STALL_TIMEOUT_S": "0",
+            "BATCHSTREAM_AGGREGATOR_STALL_EXIT_DELAY_S": "15",
+        },
+    )
+    try:
+
+        async def stalled() -> dict[str, Any] | None:
+            try:
+                await asyncio.to_thread(http_get, health_url(agg_stack))
+            except urllib.error.HTTPError as error:
+                body: dict[str, Any] = json.loads(error.read())
+                return body if body["status"] == "stalled" else None
+            except OSError:
+                return None  # not listening yet
+            return None
+
+        body = await eventually(stalled, 90, "/health 503 stalled")
+        print(f"\nstalled while {body['phase']}: {body['reason']}")
+        assert body["phase"] in {"rebalancing", "recovering"}, body
+        assert f"phase: {body['phase']}" in body["reason"]
+        ready = urllib.request.Request(f"http://127.0.0.1:{agg_stack.ports.aggregator}/readyz")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            await asyncio.to_thread(urllib.request.urlopen, ready, None, 5)
+        assert refused.value.code == 503
+        metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{agg_stack.ports.aggregator}/metrics")
+        assert b"batchstream_aggregator_stalls_total 1.0" in metrics
+        assert await asyncio.to_thread(proc.wait, 60) == 70
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

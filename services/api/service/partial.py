@@ -19,6 +19,7 @@ from shared.errors import NotFound
 from shared.mongo import Mongo
 from shared.protocol.openai import TERMINAL_STATUSES
 from shared.result_chunks import parse_record
+from shared.seen_lines import SeenLines
 from shared.storage import ObjectNotFound, ObjectStore, result_chunk_prefix
 
 log = logging.getLogger(__name__)
@@ -53,21 +54,18 @@ class PartialOutputService:
 
     async def _chunks(self, batch_id: str, kind: Kind) -> AsyncIterator[bytes]:
         wanted = kind == "output"
-        sent = bytearray()
+        sent = SeenLines()
         for key in sorted(await self.store.list_keys(result_chunk_prefix(batch_id))):
             try:
                 async for raw in self.store.iter_lines(key):
                     if not raw.strip():
                         continue
                     record = parse_record(raw)
-                    byte, bit = divmod(record.line - 1, 8)
                     if record.succeeded != wanted or record.line < 1:
                         continue
-                    if byte >= len(sent):
-                        sent.extend(bytes(byte + 1 - len(sent)))
-                    if sent[byte] & (1 << bit):
+                    if record.line in sent:
                         continue  # a line written twice (a redelivery after a crash)
-                    sent[byte] |= 1 << bit
+                    sent.add(record.line)
                     yield record.payload + b"\n"
             except ObjectNotFound:
                 log.info("partial output: a chunk was finalized meanwhile", extra={"key": key})

@@ -14,8 +14,13 @@ def test_agents_timers_and_pages_register() -> None:
     assert "services.aggregator.agents.aggregate" in app.agents
     table = cast(Any, batch_states_table)
     assert table.use_partitioner and table.key_serializer == "raw"
-    assert agents.runtime.processor is not None
-    assert {"/health", "/metrics"} <= {view.view_path for view in app.web.views.values()}
+    paths = {view.view_path for view in app.web.views.values()}
+    assert {"/health", "/livez", "/readyz", "/metrics"} <= paths
+
+
+def test_importing_the_wiring_builds_no_client() -> None:
+    """Mongo and S3 clients are built when the worker starts, not at import."""
+    assert not agents.worker.started
 
 
 def test_partition_for_matches_aiokafka_default_partitioner() -> None:
