@@ -23,9 +23,12 @@ SWITCH = "BATCHSTREAM_TEST_SERVERS"
 TESTCONTAINERS = "testcontainers"
 STAND_IN_SERVERS = "stand-ins"
 
-KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.1"  # testcontainers' KafkaContainer needs Confluent's image
-MONGO_IMAGE = "mongo:8.0.4"
-MINIO_IMAGE = "quay.io/minio/minio:RELEASE.2025-04-22T22-12-26Z"
+KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers' KafkaContainer needs Confluent's image
+MONGO_IMAGE = "mongo:8.0.12"
+MINIO_IMAGE = (
+    "quay.io/minio/minio:RELEASE.2025-04-22T22-12-26Z"
+    "@sha256:a1ea29fa28355559ef137d71fc570e508a214ec84ff8083e39bc5428980b015e"
+)
 START_TIMEOUT_S = 120.0
 
 
