@@ -123,9 +123,12 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	set -x; \
 	$(VENV_CHECK)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml; \
+	$(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml config > "$$tmp/compose.yml"; \
 	$(VENV_CHECK)/bin/python -c 'import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)' \
-		< docker-compose.yml | $(VENV_CHECK)/bin/python deploy/compose_gpus.py 3 > "$$tmp/compose.gpus.json"; \
+		< "$$tmp/compose.yml" | $(VENV_CHECK)/bin/python deploy/compose_gpus.py 3 > "$$tmp/compose.gpus.json"; \
 	$(VENV_CHECK)/bin/check-jsonschema --builtin-schema vendor.compose-spec "$$tmp/compose.gpus.json"; \
+	$(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml -f "$$tmp/compose.gpus.json" \
+		config --services | grep -x inference-gpu2 > /dev/null; \
 	$(VENV_CHECK)/bin/hadolint --config deploy/hadolint.yaml deploy/Dockerfile.*; \
 	for dir in deploy/k8s/base $(K8S_OVERLAYS); do \
 		out="$$tmp/$$(basename $$dir).yaml"; \
