@@ -107,3 +107,24 @@ def test_a_renamed_metric_fails_the_dashboard_check(tmp_path: Path) -> None:
     assert problems(broken) == [
         f"panel {dashboard['panels'][0]['title']!r}: unknown metric batchstream_inference_request_total"
     ]
+
+
+def test_compose_gives_each_worker_a_gpu_by_device_id_without_the_nvidia_runtime() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "runtime:" not in compose
+    assert "count:" not in compose  # a count hands every replica the same first GPU
+    assert 'device_ids: ["${INFERENCE_GPU:-0}"]' in compose
+
+
+def test_compose_exposes_metrics_and_waits_for_a_primary() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "BATCHSTREAM_AGGREGATOR_WEB_HOST: 0.0.0.0" in compose
+    assert "BATCHSTREAM_INFERENCE_HEALTH_HOST: 0.0.0.0" in compose
+    assert "isWritablePrimary" in compose
+    assert "image: minio/minio" not in compose and "quay.io/minio/minio:RELEASE." in compose
+
+
+def test_the_default_model_needs_no_token() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}" in compose  # ungated on Hugging Face
+    assert "MODEL=Qwen/Qwen2.5-0.5B-Instruct" in (ROOT / ".env.example").read_text()
