@@ -79,7 +79,7 @@ def servers_for_tests(stack: Stack, environ: dict[str, str] | None = None) -> It
                 return
             except FallbackToStandIns as exc:
                 problem = str(exc)
-        warnings.warn(f"{SWITCH}=testcontainers: {problem}; using the stand-ins", stacklevel=2)
+        warnings.warn(f"{SWITCH}=testcontainers: {problem}; using the stand-ins", stacklevel=3)
     stack.start(STAND_INS)
     yield stack
 
