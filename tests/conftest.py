@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.local.stack import STAND_INS, Stack, free_ports
+from deploy.local.stack import Stack, free_ports
+from tests.integration.real_servers import servers_for_tests
 
 SESSION_ID = uuid.uuid4().hex[:8]
 
@@ -36,9 +37,9 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         environment="test",
     )
     try:
-        stack.start(STAND_INS)
-        stack.provision(models=[])
-        yield stack
+        with servers_for_tests(stack) as servers:  # BATCHSTREAM_TEST_SERVERS=testcontainers: real ones
+            servers.provision(models=[])
+            yield servers
     finally:
         stack.stop()
 

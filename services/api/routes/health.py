@@ -1,9 +1,17 @@
-"""Liveness of the api and its dependencies, and Prometheus metrics."""
+"""Liveness, readiness and Prometheus metrics of the api.
+
+- ``/livez``: the process serves requests (a liveness probe: restart the container when it fails).
+  It checks nothing else, so a MongoDB outage does not make Kubernetes restart every api pod.
+- ``/readyz``: every dependency answers (a readiness probe: take the pod out of the Service while
+  one does not); 503 with ``retry-after`` and the names of those that do not.
+- ``/health``: the same answer as ``/readyz``, kept for existing monitors.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -14,10 +22,24 @@ log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 3.0
 
 
+@router.get("/livez")
+async def livez() -> JSONResponse:
+    return JSONResponse({"status": "alive"})
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    return await _dependencies_answer(request)
+
+
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    return await _dependencies_answer(request)
+
+
+async def _dependencies_answer(request: Request) -> JSONResponse:
     state = request.app.state
-    checks = {
+    checks: dict[str, Awaitable[object]] = {
         "mongodb": state.mongo.ping(),
         "object_storage": state.store.ping(),
         "kafka": state.producer.client.fetch_all_metadata(),

@@ -203,6 +203,8 @@ def test_a_dependency_down_is_503_with_retry_after(stack: Stack, tmp_path: Any) 
             health = httpx.get(f"{base}/health", timeout=30)
             assert health.status_code == 503 and health.headers["retry-after"]
             assert "mongodb" in health.json()["unavailable"]
+            assert httpx.get(f"{base}/readyz", timeout=30).status_code == 503
+            assert httpx.get(f"{base}/livez", timeout=5).status_code == 200  # no restart loop
             started = time.monotonic()
             response = httpx.get(f"{base}/v1/batches/batch_x", headers=headers, timeout=30)
             assert_error(response, 503, "service_unavailable")

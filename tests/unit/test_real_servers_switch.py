@@ -1,0 +1,78 @@
+"""BATCHSTREAM_TEST_SERVERS: the suite falls back to the stand-ins where no Docker engine answers.
+
+The stack here is a recording fake (``RecordingFakeStack``): these tests check which servers get
+started, not the servers. The first one asks the machine's real Docker client, and is skipped
+where an engine does answer (there the integration suite itself exercises the containers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deploy.local.stack import STAND_INS
+from tests.integration import real_servers
+from tests.integration.real_servers import SWITCH, docker_engine_problem, requested, servers_for_tests
+
+
+class RecordingFakeStack:
+    def __init__(self) -> None:
+        self.started: list[tuple[str, ...]] = []
+
+    def start(self, names: Any) -> None:
+        self.started.append(tuple(names))
+
+
+def test_without_a_docker_engine_the_switch_falls_back_to_the_stand_ins() -> None:
+    if docker_engine_problem() is None:
+        pytest.skip("a Docker engine answers here: the integration suite runs on containers")
+    stack = RecordingFakeStack()
+    with (
+        pytest.warns(UserWarning, match="using the stand-ins"),
+        servers_for_tests(stack, {SWITCH: "testcontainers"}) as servers,  # type: ignore[arg-type]
+    ):
+        assert servers is stack
+    assert stack.started == [tuple(STAND_INS)]
+
+
+def test_an_engine_that_does_not_answer_is_reported() -> None:
+    def refused() -> None:
+        raise ConnectionRefusedError("fake: connection refused")
+
+    assert "does not answer" in (docker_engine_problem(refused) or "")
+    assert docker_engine_problem(lambda: True) is None
+
+
+def test_containers_that_fail_to_start_fall_back_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(real_servers, "docker_engine_problem", lambda: None)
+
+    def failing_containers(stack: Any) -> Any:
+        raise real_servers.FallbackToStandIns("fake: image pull refused")
+
+    monkeypatch.setattr(real_servers, "_containers", failing_containers)
+    stack = RecordingFakeStack()
+    with (
+        pytest.warns(UserWarning, match="image pull refused"),
+        servers_for_tests(stack, {SWITCH: "testcontainers"}) as servers,  # type: ignore[arg-type]
+    ):
+        assert servers is stack
+    assert stack.started == [tuple(STAND_INS)]
+
+
+def test_by_default_the_stand_ins_run_without_asking_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_docker_please() -> None:
+        raise AssertionError("the default must not touch Docker")
+
+    monkeypatch.setattr(real_servers, "docker_engine_problem", no_docker_please)
+    stack = RecordingFakeStack()
+    with servers_for_tests(stack, {}) as servers:  # type: ignore[arg-type]
+        assert servers is stack
+    assert stack.started == [tuple(STAND_INS)]
+
+
+def test_a_misspelled_switch_is_an_error() -> None:
+    assert requested({}) == "stand-ins"
+    assert requested({SWITCH: "testcontainers"}) == "testcontainers"
+    with pytest.raises(ValueError, match=SWITCH):
+        requested({SWITCH: "testcontainer"})
