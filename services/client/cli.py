@@ -137,7 +137,7 @@ def _show_batch(batch: Batch) -> None:
         ("metadata", json.dumps(batch.metadata) if batch.metadata else None),
     ):
         if value:
-            out.print(f"  {label:<9} {value}")
+            out.print(f"  {label:<9} {value}", markup=False, soft_wrap=True)
     _show_errors(batch, out)
 
 
@@ -159,6 +159,7 @@ def _wait_with_progress(client: OpenAI, batch: Batch | str, poll_s: float) -> Ba
             f"\ninterrupted: {batch_id} keeps running; follow it with `batchstream batches wait {batch_id}`"
             f" or stop it with `batchstream batches cancel {batch_id}`",
             markup=False,
+            soft_wrap=True,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
