@@ -35,10 +35,10 @@ TINY_DIR := $(MODELS)/tiny-llama
 # pip's local find-links/extra-index config prints one harmless warning per package; hide those.
 PIP_FILTER := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: help venvs up down status test lint format check-deploy bench clean distclean
+.PHONY: help venvs up down status test lint format check-deploy schemas bench clean distclean
 
 help:
-	@echo "make up | down | status | test | lint | format | check-deploy | bench | clean | distclean"
+	@echo "make up | down | status | test | lint | format | check-deploy | schemas | bench | clean | distclean"
 
 # ------------------------------------------------------------------------------- environments
 
@@ -143,6 +143,10 @@ test: venvs $(TINY_DIR)/$(MARKER) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
 		$(PY) -m pytest -q
+
+# Rewrites docs/schemas/*.json from shared/protocol/messages.py (a unit test fails when they drift).
+schemas: $(VENV)/.editable-installed
+	$(PY) -m shared.protocol.schemas
 
 # Runs `python -m bench` (bench/__main__.py) on the tiny model; e.g. `make bench BENCH_ARGS="--only parity"`.
 BENCH_ARGS ?=

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
+from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
 
 from services.api.errors import install_error_handlers
@@ -76,7 +77,13 @@ def create_app() -> FastAPI:
     runtime = RuntimeSettings()
     configure_logging("api", runtime.log_level)
     runtime.check_secrets()
-    app = FastAPI(title="batchstream", version="0.1.0", lifespan=lifespan)
+    # /docs and /redoc with their assets served by the api itself (no CDN): they work offline.
+    app = FastAPIOffline(
+        title="batchstream",
+        version="0.1.0",
+        lifespan=lifespan,
+        swagger_ui_parameters={"persistAuthorization": True},
+    )
     install_error_handlers(app)
     app.middleware("http")(_observe)
     for module in (files, batches, partial, models, health):

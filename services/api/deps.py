@@ -5,18 +5,24 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.api.service.batches import BatchService
 from services.api.service.files import FileService
 from shared.errors import AuthenticationFailed
 
+# Declares the bearer scheme in the OpenAPI document, so /docs can authorize; a missing or
+# malformed header is answered by _project in OpenAI's error shape, not by FastAPI's 403.
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
-async def _project(request: Request) -> str:
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+
+async def _project(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    key = credentials.credentials.strip() if credentials else ""
+    if not key:
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
-    project = await request.app.state.keys.project_for(key.strip())
+    project = await request.app.state.keys.project_for(key)
     if project is None:
         raise AuthenticationFailed("Incorrect API key provided.")
     return str(project)

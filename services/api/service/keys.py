@@ -1,35 +1,25 @@
-"""API keys: stored as SHA-256 hashes, each mapping to the project that owns what it creates.
+"""API keys resolved to the project that owns what they create, behind a short cache.
 
 Keys come from two places: ``BATCHSTREAM_API_KEYS`` (``key=project,...``; hashed at start-up and the
-plain text dropped) and the MongoDB ``api_keys`` collection (``{_id: sha256, project, created_at}``),
-filled by ``python -m services.api.keys create --project NAME``, which prints the key once.
+plain text dropped) and MongoDB through ``shared.api_keys.ApiKeyStore``, filled by
+``batchstream keys create --project NAME``, which prints the key once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import time
 
+from shared.api_keys import ApiKeyStore, hash_key
 from shared.mongo import Mongo
 
-KEY_PREFIX = "sk-bs-"
 CACHE_TTL_S = 30.0
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def new_key() -> str:
-    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 class KeyRing:
     """Resolves a presented key to its project; the database is asked at most once per TTL."""
 
     def __init__(self, mongo: Mongo, configured: dict[str, str]) -> None:
-        self.mongo = mongo
+        self.store = ApiKeyStore(mongo)
         self._static = {hash_key(k): project for k, project in configured.items()}
         self._cache: dict[str, tuple[str | None, float]] = {}
 
@@ -40,20 +30,8 @@ class KeyRing:
         cached = self._cache.get(digest)
         if cached and cached[1] > time.monotonic():
             return cached[0]
-        doc = await self.mongo.api_keys.find_one({"_id": digest})
-        project = str(doc["project"]) if doc and not doc.get("revoked") else None
+        project = await self.store.project_for(digest)
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[digest] = (project, time.monotonic() + CACHE_TTL_S)
         return project
-
-    async def create(self, project: str) -> str:
-        key = new_key()
-        await self.mongo.api_keys.insert_one(
-            {"_id": hash_key(key), "project": project, "created_at": int(time.time())}
-        )
-        return key
-
-    async def revoke(self, key: str) -> bool:
-        result = await self.mongo.api_keys.update_one({"_id": hash_key(key)}, {"$set": {"revoked": True}})
-        return result.matched_count == 1

@@ -47,9 +47,9 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
 
 
 def create_key(stack: Stack, project: str) -> str:
-    """A key made the way an operator makes one: ``python -m services.api.keys create``."""
+    """A key made the way an operator makes one: ``batchstream keys create``."""
     out = subprocess.run(
-        [sys.executable, "-m", "services.api.keys", "create", "--project", project],
+        [sys.executable, "-m", "services.client", "keys", "create", "--project", project],
         env={**os.environ, **stack.env()},
         capture_output=True,
         text=True,

@@ -1,0 +1,5 @@
+"""``python -m services.client`` is the ``batchstream`` command."""
+
+from services.client.cli import main
+
+main()

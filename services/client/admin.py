@@ -1,0 +1,67 @@
+"""``batchstream keys``: make and revoke API keys in the api's key store (MongoDB) directly.
+
+Why not an endpoint: a key-making endpoint needs a key above all others to guard it; an operator
+who can reach the database already holds that power, so the command uses the api's own store
+(``shared.api_keys``) with the services' MongoDB settings (``BATCHSTREAM_MONGO_URI``,
+``BATCHSTREAM_MONGO_DATABASE``, or the flags). Its dependencies (pymongo, pydantic-settings) come
+with the api extra, not the thin client extra; without them the command says what to install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.api_keys import ApiKeyStore
+
+INSTALL_HINT = (
+    "`batchstream keys` writes the api's key store in MongoDB and needs the api's dependencies: "
+    "pip install 'batchstream[api]'"
+)
+
+
+class MissingApiExtra(RuntimeError):
+    """The key store's dependencies are not installed (the thin client extra only)."""
+
+
+@asynccontextmanager
+async def _key_store(mongo_uri: str | None, database: str | None) -> AsyncIterator[ApiKeyStore]:
+    try:
+        from shared.api_keys import ApiKeyStore
+        from shared.mongo import Mongo
+        from shared.settings import MongoSettings
+    except ImportError as missing:
+        raise MissingApiExtra(f"{INSTALL_HINT} ({missing})") from missing
+    overrides: dict[str, Any] = {}
+    if mongo_uri:
+        overrides["uri"] = mongo_uri
+    if database:
+        overrides["database"] = database
+    mongo = Mongo(MongoSettings(**overrides))
+    try:
+        yield ApiKeyStore(mongo)
+    finally:
+        await mongo.close()
+
+
+def create_key(project: str, mongo_uri: str | None = None, database: str | None = None) -> str:
+    """A new key for ``project``; the plain key is returned once and only its hash is stored."""
+
+    async def run() -> str:
+        async with _key_store(mongo_uri, database) as store:
+            return await store.create(project)
+
+    return asyncio.run(run())
+
+
+def revoke_key(key: str, mongo_uri: str | None = None, database: str | None = None) -> bool:
+    """Revoke ``key``; False when it was never made. The api stops taking it within its cache TTL."""
+
+    async def run() -> bool:
+        async with _key_store(mongo_uri, database) as store:
+            return await store.revoke(key)
+
+    return asyncio.run(run())

@@ -1,0 +1,448 @@
+"""The ``batchstream`` command: submit a JSONL file and watch it run; manage batches, files, keys.
+
+Every read takes ``--json`` (the api's objects, for scripts); without it, tables and one-line
+summaries for people. ``--base-url`` / ``--api-key`` default to ``OPENAI_BASE_URL`` /
+``OPENAI_API_KEY``, then to the local stack. Exit status: see ``batches.EXIT_CODES``; 5 when the
+api answers an error or cannot be reached; 130 when interrupted while waiting (the batch goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import openai
+import typer
+from openai import OpenAI
+from openai.types import Batch
+from rich.console import Console
+from rich.table import Table
+
+from services.client import admin
+from services.client.batches import (
+    EXIT_API_ERROR,
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    download,
+    download_results,
+    submit,
+    wait,
+)
+from services.client.connection import connect
+from services.client.progress import BatchProgress
+from shared.protocol.messages import SamplingDefaults
+
+app = typer.Typer(
+    name="batchstream",
+    help="Run and manage batches on a batchstream (or any OpenAI-compatible Batch) API.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    rich_markup_mode="markdown",
+)
+batches_app = typer.Typer(help="List, show, cancel and wait for batches.", no_args_is_help=True)
+files_app = typer.Typer(help="List, upload, download and delete files.", no_args_is_help=True)
+keys_app = typer.Typer(help="Create and revoke API keys (writes MongoDB; needs the api extra).")
+app.add_typer(batches_app, name="batches")
+app.add_typer(files_app, name="files")
+app.add_typer(keys_app, name="keys", no_args_is_help=True)
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the api's JSON (for scripts).")]
+PollFlag = Annotated[float, typer.Option("--poll", help="Seconds between status checks.", min=0.05)]
+
+
+@dataclass
+class Connection:
+    base_url: str | None
+    api_key: str | None
+
+    def client(self) -> OpenAI:
+        return connect(self.base_url, self.api_key)
+
+
+@app.callback()
+def connection(
+    ctx: typer.Context,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="OPENAI_BASE_URL",
+            help="The api's base URL, ending in /v1 (default: the local stack, http://127.0.0.1:10900/v1).",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="OPENAI_API_KEY", help="The API key (default: the local stack's)."),
+    ] = None,
+) -> None:
+    ctx.obj = Connection(base_url, api_key)
+
+
+def _client(ctx: typer.Context) -> OpenAI:
+    return ctx.find_object(Connection).client()  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------------- output
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """An SDK object as the api sent it, extension fields included."""
+    return obj.to_dict(mode="json")  # type: ignore[no-any-return]
+
+
+def _page_json(items: Iterable[Any], has_more: bool) -> dict[str, Any]:
+    data = [_as_dict(item) for item in items]
+    return {"object": "list", "data": data, "has_more": has_more}
+
+
+def _when(ts: int | None) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if ts else ""
+
+
+def _counts(batch: Batch) -> str:
+    c = batch.request_counts
+    if c is None:
+        return ""
+    return f"{c.completed + c.failed}/{c.total}" + (f" ({c.failed} failed)" if c.failed else "")
+
+
+def _table(*columns: str) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
+def _show_batch(batch: Batch) -> None:
+    out.print(f"[bold]{batch.id}[/]  {batch.status}  {_counts(batch)}")
+    for label, value in (
+        ("endpoint", batch.endpoint),
+        ("model", getattr(batch, "model", None)),
+        ("input", batch.input_file_id),
+        ("output", batch.output_file_id),
+        ("errors", batch.error_file_id),
+        ("created", _when(batch.created_at)),
+        ("metadata", json.dumps(batch.metadata) if batch.metadata else None),
+    ):
+        if value:
+            out.print(f"  {label:<9} {value}", markup=False, soft_wrap=True)
+    _show_errors(batch, out)
+
+
+def _show_errors(batch: Batch, console: Console) -> None:
+    """Every bad input line of a failed batch, one per line."""
+    for error in (batch.errors.data or []) if batch.errors else []:
+        where = f"line {error.line}: " if error.line else ""
+        console.print(f"{where}{error.code}: {error.message}", markup=False, soft_wrap=True)
+
+
+def _wait_with_progress(client: OpenAI, batch: Batch | str, poll_s: float) -> Batch:
+    """Wait for the batch, drawing its progress on stderr; Ctrl-C leaves the batch running."""
+    batch_id = batch if isinstance(batch, str) else batch.id
+    try:
+        with BatchProgress(err) as progress:
+            return wait(client, batch, poll_s=poll_s, on_progress=progress)
+    except KeyboardInterrupt:
+        err.print(
+            f"\ninterrupted: {batch_id} keeps running; follow it with `batchstream batches wait {batch_id}`"
+            f" or stop it with `batchstream batches cancel {batch_id}`",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def _finish(batch: Batch, as_json: bool) -> NoReturn:
+    if as_json:
+        _print_json(_as_dict(batch))
+    _show_errors(batch, err)
+    raise typer.Exit(EXIT_CODES.get(batch.status, 1))
+
+
+# ------------------------------------------------------------------------------------- submit
+
+
+@app.command("submit")
+def submit_command(
+    ctx: typer.Context,
+    input_path: Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Where the output lines go (default: FILE.output.jsonl)."),
+    ] = None,
+    errors: Annotated[
+        Path | None,
+        typer.Option("--errors", "-e", help="Where the error lines go (default: FILE.errors.jsonl)."),
+    ] = None,
+    endpoint: Annotated[str, typer.Option(help="The batch's endpoint.")] = "/v1/chat/completions",
+    completion_window: Annotated[str, typer.Option(help="The batch's completion window.")] = "24h",
+    metadata: Annotated[
+        list[str] | None, typer.Option("--metadata", "-m", help="KEY=VALUE; repeat for more.")
+    ] = None,
+    max_decoding_length: Annotated[
+        int | None, typer.Option(help="Batch default for max_tokens (batchstream).")
+    ] = None,
+    max_context_length: Annotated[
+        int | None, typer.Option(help="Batch cap on prompt + output tokens (batchstream).")
+    ] = None,
+    temperature: Annotated[float | None, typer.Option(help="Batch default (batchstream).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Batch default (batchstream).")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Batch default (batchstream).")] = None,
+    poll: PollFlag = 1.0,
+    wait_for_it: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
+    ] = True,
+    as_json: JsonFlag = False,
+) -> None:
+    """Upload FILE, create a batch, show its progress, download its output and error lines.
+
+    Exits 0 when the batch completed (lines the model rejected are in the error file), 1 when it
+    failed (every bad input line is listed), 3 expired, 4 cancelled, 5 api error, 130 interrupted.
+    """
+    client = _client(ctx)
+    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
+    output = output or stem.with_name(stem.name + ".output.jsonl")
+    errors = errors or stem.with_name(stem.name + ".errors.jsonl")
+    defaults = SamplingDefaults(
+        max_decoding_length=max_decoding_length,
+        max_context_length=max_context_length,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+    )
+    created = submit(
+        client,
+        input_path,
+        endpoint=endpoint,
+        completion_window=completion_window,
+        metadata=_pairs(metadata or []),
+        defaults=defaults,
+    )
+    if not wait_for_it:
+        _print_json(_as_dict(created)) if as_json else out.print(created.id)
+        return
+    batch = _wait_with_progress(client, created, poll)
+    download_results(client, batch, output, errors)
+    if not as_json:
+        c = batch.request_counts
+        ok, bad = (c.completed, c.failed) if c else (0, 0)
+        err.print(
+            f"{batch.id} {batch.status}: {ok} lines to {output}, {bad} to {errors}",
+            markup=False,
+            soft_wrap=True,
+        )
+    _finish(batch, as_json)
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
+        pairs[key] = value
+    return pairs
+
+
+# ------------------------------------------------------------------------------------ batches
+
+
+@batches_app.command("list")
+def batches_list(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    after: Annotated[str | None, typer.Option(help="Start after this batch id.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The newest batches first."""
+    page = _client(ctx).batches.list(limit=limit, after=after or openai.omit)
+    if as_json:
+        _print_json(_page_json(page.data, bool(page.has_more)))
+        return
+    table = _table("id", "status", "lines", "endpoint", "created")
+    for batch in page.data:
+        table.add_row(batch.id, batch.status, _counts(batch), batch.endpoint, _when(batch.created_at))
+    out.print(table)
+
+
+@batches_app.command("get")
+def batches_get(ctx: typer.Context, batch_id: str, as_json: JsonFlag = False) -> None:
+    """One batch with its live request counts."""
+    batch = _client(ctx).batches.retrieve(batch_id)
+    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+
+
+@batches_app.command("cancel")
+def batches_cancel(ctx: typer.Context, batch_id: str, as_json: JsonFlag = False) -> None:
+    """Cancel a batch (cancelling, then cancelled with the partial output kept)."""
+    batch = _client(ctx).batches.cancel(batch_id)
+    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+
+
+@batches_app.command("wait")
+def batches_wait(ctx: typer.Context, batch_id: str, poll: PollFlag = 1.0, as_json: JsonFlag = False) -> None:
+    """Wait for a batch to end, showing its progress; the exit status tells the outcome (as submit's)."""
+    batch = _wait_with_progress(_client(ctx), batch_id, poll)
+    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+    raise typer.Exit(EXIT_CODES.get(batch.status, 1))
+
+
+# -------------------------------------------------------------------------------------- files
+
+
+@files_app.command("list")
+def files_list(
+    ctx: typer.Context,
+    purpose: Annotated[str | None, typer.Option(help="Only files of this purpose.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+    order: Annotated[str, typer.Option(help="asc or desc (by creation).")] = "desc",
+    after: Annotated[str | None, typer.Option(help="Start after this file id.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Files, newest first."""
+    page = _client(ctx).files.list(
+        limit=limit,
+        order=order,  # type: ignore[arg-type]
+        purpose=purpose or openai.omit,
+        after=after or openai.omit,
+    )
+    if as_json:
+        _print_json(_page_json(page.data, bool(page.has_more)))
+        return
+    table = _table("id", "purpose", "bytes", "filename", "created")
+    for f in page.data:
+        table.add_row(f.id, f.purpose, str(f.bytes), f.filename, _when(f.created_at))
+    out.print(table)
+
+
+@files_app.command("upload")
+def files_upload(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+    purpose: Annotated[str, typer.Option(help="batch, user_data, ...")] = "batch",
+    as_json: JsonFlag = False,
+) -> None:
+    """Upload a file; prints its id."""
+    with path.open("rb") as handle:
+        uploaded = _client(ctx).files.create(file=handle, purpose=purpose)  # type: ignore[arg-type]
+    _print_json(_as_dict(uploaded)) if as_json else out.print(uploaded.id)
+
+
+@files_app.command("download")
+def files_download(
+    ctx: typer.Context,
+    file_id: str,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="A path (default: stdout).")] = None,
+) -> None:
+    """Stream a file's content to a path or to stdout."""
+    client = _client(ctx)
+    if output is not None:
+        download(client, file_id, output)
+        return
+    with client.files.with_streaming_response.content(file_id) as response:
+        for chunk in response.iter_bytes():
+            sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+
+
+@files_app.command("delete")
+def files_delete(ctx: typer.Context, file_id: str, as_json: JsonFlag = False) -> None:
+    """Delete a file."""
+    deleted = _client(ctx).files.delete(file_id)
+    _print_json(_as_dict(deleted)) if as_json else out.print(f"deleted {deleted.id}")
+
+
+# ------------------------------------------------------------------------------------- models
+
+
+@app.command("models")
+def models(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """The models the inference workers serve."""
+    page = _client(ctx).models.list()
+    if as_json:
+        _print_json(_page_json(page.data, False))
+        return
+    table = _table("id", "max_context_length", "owned_by")
+    for model in page.data:
+        table.add_row(model.id, str(getattr(model, "max_context_length", "") or ""), model.owned_by)
+    out.print(table)
+
+
+# --------------------------------------------------------------------------------------- keys
+
+MongoUri = Annotated[
+    str | None, typer.Option(help="MongoDB URI (default: BATCHSTREAM_MONGO_URI, as the services read it).")
+]
+MongoDatabase = Annotated[
+    str | None, typer.Option(help="Database (default: BATCHSTREAM_MONGO_DATABASE, as the services read it).")
+]
+
+
+@keys_app.command("create")
+def keys_create(
+    project: Annotated[str, typer.Option(help="The project the key's files and batches belong to.")],
+    mongo_uri: MongoUri = None,
+    mongo_database: MongoDatabase = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a key and print it (shown once; only its hash is stored)."""
+    key = admin.create_key(project, mongo_uri, mongo_database)
+    _print_json({"key": key, "project": project}) if as_json else out.print(key, markup=False, soft_wrap=True)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key: str,
+    mongo_uri: MongoUri = None,
+    mongo_database: MongoDatabase = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Revoke a key (the api stops taking it within 30 seconds). Exits 1 for an unknown key."""
+    revoked = admin.revoke_key(key, mongo_uri, mongo_database)
+    if as_json:
+        _print_json({"revoked": revoked})
+    elif revoked:
+        out.print("revoked")
+    else:
+        err.print("no such key")
+    if not revoked:
+        raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    """The console script: the api's errors become one line on stderr and exit status 5."""
+    try:
+        app()
+    except openai.APIStatusError as error:
+        err.print(f"error: {error.status_code} {_message(error)}", markup=False, soft_wrap=True)
+        sys.exit(EXIT_API_ERROR)
+    except openai.APIConnectionError as error:
+        err.print(f"error: cannot reach the api: {error}", markup=False, soft_wrap=True)
+        sys.exit(EXIT_API_ERROR)
+    except admin.MissingApiExtra as error:
+        err.print(f"error: {error}", markup=False, soft_wrap=True)
+        sys.exit(1)
+
+
+def _message(error: openai.APIStatusError) -> str:
+    body = error.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return error.message

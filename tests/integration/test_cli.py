@@ -1,0 +1,197 @@
+"""The ``batchstream`` command against the whole stack, run as a user runs it (a subprocess).
+
+Submit with its progress display and exit statuses, ``--json`` reads, cancel and wait, errors from
+the api, and keys made and revoked in the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.local.stack import Stack
+from tests.integration.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
+UNSERVED_MODEL = "cli-unserved-model"
+
+
+def command(stack: Stack, *args: str) -> list[str]:
+    return [sys.executable, "-m", "services.client", "--base-url", stack.base_url, *args]
+
+
+def cli_env(stack: Stack, api_key: str | None = None) -> dict[str, str]:
+    """The key through the openai SDK's variable, as a user's shell would set it."""
+    return {**os.environ, **stack.env(), "OPENAI_API_KEY": api_key or stack.api_key}
+
+
+def batchstream(stack: Stack, *args: str, api_key: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(stack, *args),
+        env=cli_env(stack, api_key),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def read_json(done: subprocess.CompletedProcess[str]) -> Any:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def write_chat_lines(path: Path, model: str, ids: list[str], **body: Any) -> Path:
+    lines = [
+        {
+            "custom_id": i,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": f"Say {i}"}], **body},
+        }
+        for i in ids
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def unserved_model(mongo_db: Any) -> str:
+    """A model the api knows but no worker serves: its lines wait on Kafka and never run."""
+    mongo_db.models.update_one(
+        {"_id": UNSERVED_MODEL},
+        {"$set": {"created": 1, "max_context_length": 4096, "endpoints": ["/v1/chat/completions"]}},
+        upsert=True,
+    )
+    return UNSERVED_MODEL
+
+
+def test_submit_shows_progress_writes_the_results_and_exits_0(
+    stack: Stack, model_id: str, tmp_path: Path
+) -> None:
+    ids = [f"c{i}" for i in range(6)]
+    source = write_chat_lines(tmp_path / "questions.jsonl", model_id, ids)  # no max_tokens in a body
+
+    done = batchstream(stack, "submit", str(source), "--poll", "0.2", "--max-decoding-length", "3")
+
+    assert done.returncode == 0, done.stderr
+    output, errors = tmp_path / "questions.output.jsonl", tmp_path / "questions.errors.jsonl"
+    results = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ids
+    assert all(r["response"]["body"]["usage"]["completion_tokens"] <= 3 for r in results)
+    assert errors.read_text() == ""
+    progress = done.stderr.splitlines()
+    last_bar = next(line for line in reversed(progress) if "6/6" in line)
+    assert "completed" in last_bar and "100%" in last_bar
+    assert f"6 lines to {output}" in progress[-1]
+
+
+def test_submit_json_prints_the_final_batch_with_its_defaults(
+    stack: Stack, model_id: str, tmp_path: Path
+) -> None:
+    source = write_chat_lines(tmp_path / "in.jsonl", model_id, ["a", "b"], max_tokens=2)
+    out = tmp_path / "out.jsonl"
+
+    batch = read_json(
+        batchstream(stack, "submit", str(source), "-o", str(out), "--temperature", "0", "--json", "-m", "k=v")
+    )
+
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 2
+    assert batch["temperature"] == 0 and batch["metadata"] == {"k": "v"}
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_a_failed_batch_exits_1_and_lists_every_bad_line(stack: Stack, tmp_path: Path) -> None:
+    source = tmp_path / "bad.jsonl"
+    source.write_text('{"custom_id": "a"}\nnot json\n')
+
+    done = batchstream(stack, "submit", str(source), "--poll", "0.2")
+
+    assert done.returncode == 1
+    assert "line 2: invalid_json_line" in done.stderr
+    assert "failed" in done.stderr
+
+
+def test_reads_print_the_api_s_json(stack: Stack, model_id: str, tmp_path: Path) -> None:
+    source = write_chat_lines(tmp_path / "up.jsonl", model_id, ["x"])
+
+    uploaded = read_json(batchstream(stack, "files", "upload", str(source), "--json"))
+    assert uploaded["object"] == "file" and uploaded["bytes"] == source.stat().st_size
+
+    listed = read_json(batchstream(stack, "files", "list", "--purpose", "batch", "--json"))
+    assert uploaded["id"] in [f["id"] for f in listed["data"]]
+    content = batchstream(stack, "files", "download", uploaded["id"])
+    assert content.stdout == source.read_text()
+
+    models = read_json(batchstream(stack, "models", "--json"))
+    assert model_id in [m["id"] for m in models["data"]]
+
+    deleted = read_json(batchstream(stack, "files", "delete", uploaded["id"], "--json"))
+    assert deleted == {"id": uploaded["id"], "object": "file", "deleted": True}
+    gone = batchstream(stack, "files", "list", "--json")
+    assert uploaded["id"] not in [f["id"] for f in read_json(gone)["data"]]
+
+
+def test_an_api_error_exits_5_with_the_api_s_message(stack: Stack) -> None:
+    done = batchstream(stack, "batches", "get", "batch_does_not_exist")
+
+    assert done.returncode == 5
+    assert done.stderr.startswith("error: 404")
+
+
+def test_wait_follows_a_batch_until_cancelled_and_exits_4(
+    stack: Stack, unserved_model: str, tmp_path: Path
+) -> None:
+    source = write_chat_lines(tmp_path / "stuck.jsonl", unserved_model, ["s1", "s2"])
+    created = read_json(batchstream(stack, "submit", str(source), "--no-wait", "--json"))
+    batch_id = created["id"]
+    wait_until(
+        lambda: (
+            read_json(batchstream(stack, "batches", "get", batch_id, "--json"))["status"] == "in_progress"
+        ),
+        60,
+        "the batch to start",
+    )
+    # Interrupting a wait leaves the batch running and says how to follow it.
+    waiting = subprocess.Popen(
+        command(stack, "batches", "wait", batch_id, "--poll", "0.2"),
+        env=cli_env(stack),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert waiting.stderr is not None
+    assert batch_id in waiting.stderr.readline()  # its first progress line: it is waiting
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(30) == 130
+    assert f"batchstream batches wait {batch_id}" in waiting.stderr.read()
+
+    listed = read_json(batchstream(stack, "batches", "list", "--json"))
+    assert batch_id in [b["id"] for b in listed["data"]]
+    cancelled = read_json(batchstream(stack, "batches", "cancel", batch_id, "--json"))
+    assert cancelled["status"] in ("cancelling", "cancelled")
+
+    done = batchstream(stack, "batches", "wait", batch_id, "--poll", "0.2", "--json")
+    assert done.returncode == 4, done.stderr
+    assert json.loads(done.stdout)["status"] == "cancelled"
+
+
+def test_a_key_made_by_keys_create_works_until_revoked(stack: Stack) -> None:
+    made = read_json(batchstream(stack, "keys", "create", "--project", "cli-team", "--json"))
+    key = made["key"]
+    assert made["project"] == "cli-team" and key.startswith("sk-bs-")
+    assert batchstream(stack, "files", "list", "--json", api_key=key).returncode == 0
+
+    assert batchstream(stack, "keys", "revoke", key).returncode == 0
+
+    def refused() -> bool:
+        done = batchstream(stack, "files", "list", api_key=key)
+        return done.returncode == 5 and "401" in done.stderr
+
+    wait_until(refused, 45, "the revoked key to be refused (the api caches a key for 30 s)", interval_s=2)
+    assert batchstream(stack, "keys", "revoke", "sk-bs-never-made").returncode == 1
