@@ -2,7 +2,7 @@
 
 ``stand_ins`` starts Kafka (Tansu), MongoDB (SecantusDB) and S3 (SeaweedFS) on free ports in a tmp
 dir, creates the bucket and the base topics (results, control) under a topic prefix unique to this
-session, and stops every process by PID at the end. It yields the ``deploy.local.stack.Stack``:
+session, and stops every process by PID at the end. It yields the ``deploy.local.Stack``:
 ``stand_ins.env()`` is the BATCHSTREAM_* environment pointing at it, and
 ``stand_ins.kafka_settings()`` / ``stand_ins.storage_settings()`` build settings objects directly.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.local.stack import STAND_INS, Stack, free_ports
+from deploy.local import STAND_INS, Stack, free_ports
 
 SESSION_ID = uuid.uuid4().hex[:8]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from deploy.local.stack import STAND_INS, ModelSpec, Stack, free_ports, up
+from deploy.local import STAND_INS, ModelSpec, Stack, free_ports, up
 
 pytestmark = pytest.mark.e2e
 MODEL = "fake-recovery"
