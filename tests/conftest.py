@@ -5,6 +5,7 @@ dir, creates the bucket and the base topics (results, control) under a topic pre
 session, and stops every process by PID at the end. It yields the ``deploy.local.Stack``:
 ``stand_ins.env()`` is the BATCHSTREAM_* environment pointing at it, and
 ``stand_ins.kafka_settings()`` / ``stand_ins.storage_settings()`` build settings objects directly.
+Shared helpers (waiting, JSONL lines, metrics) live in ``tests.support``.
 """
 
 from __future__ import annotations
@@ -16,13 +17,7 @@ import pytest
 
 from deploy.local import STAND_INS, Stack, free_ports
 
-SESSION_ID = uuid.uuid4().hex[:8]
-
-
-@pytest.fixture(scope="session")
-def session_id() -> str:
-    """Unique per test session; names topics, the database and the bucket."""
-    return SESSION_ID
+SESSION_ID = uuid.uuid4().hex[:8]  # names this session's topics, database and bucket
 
 
 @pytest.fixture(scope="session")
@@ -41,18 +36,3 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
-
-
-@pytest.fixture(scope="session")
-def stand_ins_env(stand_ins: Stack) -> dict[str, str]:
-    """The BATCHSTREAM_* variables for the stand-ins (Kafka, Mongo, S3 addresses, prefix...)."""
-    return stand_ins.env()
-
-
-@pytest.fixture(scope="session")
-def stand_ins_environ(stand_ins_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """os.environ carries ``stand_ins_env`` for the rest of the session (for in-process apps)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in stand_ins_env.items():
-            patch.setenv(key, value)
-        yield stand_ins_env

@@ -187,14 +187,17 @@ class Stack:
         return {name: pid for name in self.known() if (pid := self.pid(name)) is not None}
 
     def status(self) -> dict[str, str]:
-        """Each component's state: ``stopped``, ``healthy (pid N)`` or ``running, not ready (pid N)``."""
+        """Each component's state: ``stopped``, ``healthy (pid N)``, ``running, not ready (pid N)``, or
+        ``running (pid N)`` for a worker of a model not in ``models`` (its port is not known)."""
         comps = self.components()
         result = {}
         for name in sorted(set(comps) | set(self.known()), key=start_rank):
             pid = self.pid(name)
             if pid is None:
                 result[name] = "stopped"
-            elif name in comps and comps[name].ready():
+            elif name not in comps:  # a worker for a model this Stack was not told about
+                result[name] = f"running (pid {pid})"
+            elif comps[name].ready():
                 result[name] = f"healthy (pid {pid})"
             else:
                 result[name] = f"running, not ready (pid {pid})"

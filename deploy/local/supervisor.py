@@ -54,7 +54,7 @@ def print_summary(stack: Stack, outcomes: Sequence[Outcome]) -> None:
     print("\nbatchstream local stack")
     for o in outcomes:
         mark = {"running": "ok (already running)", "started": "ok (started)"}.get(o.state, "FAILED")
-        print(f"  {o.name:<24} {mark:<22} {comps[o.name].description}")
+        print(f"  {o.name:<28} {mark:<22} {comps[o.name].description}")
     for o in failed:
         print(f"\n{o.name} failed: {o.detail}")
     print(
@@ -80,5 +80,5 @@ def status(stack: Stack) -> dict[str, str]:
     """Print and return each component's state."""
     states = stack.status()
     for name, state in states.items():
-        print(f"{name:<24} {state}")
+        print(f"{name:<28} {state}")
     return states

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local.stack import Stack
+from tests.support.lines import chat_request, jsonl, parse_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -27,23 +27,15 @@ def run_client(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_client_runs_a_batch_and_writes_its_output(stack: Stack, model_id: str, tmp_path: Path) -> None:
     ids = [f"c{i}" for i in range(6)]
-    lines = [
-        {
-            "custom_id": i,
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": model_id, "max_tokens": 4, "messages": [{"role": "user", "content": i}]},
-        }
-        for i in ids
-    ]
+    lines = [chat_request(i, model_id, i, max_tokens=4) for i in ids]
     source = tmp_path / "in.jsonl"
-    source.write_text("\n".join(json.dumps(line) for line in lines))
+    source.write_bytes(jsonl(lines))
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
 
     done = run_client(stack, str(source), "--output", str(out), "--errors", str(errors))
 
     assert done.returncode == 0, done.stderr
-    assert [json.loads(x)["custom_id"] for x in out.read_text().split("\n") if x] == ids
+    assert [x["custom_id"] for x in parse_jsonl(out.read_text())] == ids
     assert errors.read_text() == ""
     progress = done.stderr.splitlines()
     assert progress[-1].split()[1:3] == ["completed", "6/6"]
