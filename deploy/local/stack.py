@@ -181,7 +181,7 @@ class Stack:
         """Components with a PID file in the state dir."""
         if not self.run_dir.is_dir():
             return []
-        return sorted((p.stem for p in self.run_dir.glob("*.pid")), key=start_rank)
+        return sorted(sorted(p.stem for p in self.run_dir.glob("*.pid")), key=start_rank)
 
     def pids(self) -> dict[str, int]:
         return {name: pid for name in self.known() if (pid := self.pid(name)) is not None}
