@@ -130,11 +130,10 @@ def stop_tree(ref: ProcessRef, timeout_s: float) -> None:
             tree = [leader, *leader.children(recursive=True)]
         with contextlib.suppress(psutil.Error):
             leader.terminate()
-        if not poll_until(lambda: not _left(ref, tree), timeout_s, interval_s=0.1):
-            _kill(group_members(ref.pid, tree))
-    else:
-        _kill(group_members(ref.pid))  # the leader died; its children may not have
-    if not poll_until(lambda: not _left(ref, tree), 5.0, interval_s=0.05):
+        poll_until(lambda: not _left(ref, tree), timeout_s, interval_s=0.1)
+    # SIGKILL what is left (if the leader died first, its children may not have), again on each
+    # look, so a process forked meanwhile goes too.
+    if not poll_until(lambda: not _kill(_left(ref, tree)), 5.0, interval_s=0.05):
         raise StackError(f"process group {ref.pid} survived SIGKILL")
     popen = _spawned.pop(ref.pid, None)
     if popen is not None:
@@ -146,7 +145,9 @@ def _left(ref: ProcessRef, tree: list[psutil.Process]) -> list[psutil.Process]:
     return group_members(ref.pid, tree)
 
 
-def _kill(procs: Iterable[psutil.Process]) -> None:
+def _kill(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """SIGKILL each of ``procs``; returns them (empty: nothing was left)."""
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.kill()
+    return procs
