@@ -88,6 +88,17 @@ def is_running(ref: ProcessRef) -> bool:
     return _process(ref) is not None
 
 
+def wait_exit(ref: ProcessRef, timeout_s: float) -> int | None:
+    """The exit status of a process this process started, once it has exited (None if it is not
+    one of ours); ``subprocess.TimeoutExpired`` if it still runs after ``timeout_s``."""
+    popen = _spawned.get(ref.pid)
+    if popen is None:
+        return None
+    status = popen.wait(timeout=timeout_s)
+    del _spawned[ref.pid]
+    return status
+
+
 def _pid_taken(pid: int) -> bool:
     """Whether some (other) live process holds ``pid``."""
     try:

@@ -177,6 +177,12 @@ class Stack:
         ref = self._ref(name)
         return ref.pid if ref is not None and processes.is_running(ref) else None
 
+    def wait_exit(self, name: str, timeout_s: float) -> int | None:
+        """The exit status of a component this process started, once it exits (None if this
+        process did not start it); ``subprocess.TimeoutExpired`` if it still runs after timeout_s."""
+        ref = self._ref(name)
+        return processes.wait_exit(ref, timeout_s) if ref is not None else None
+
     def known(self) -> list[str]:
         """Components with a PID file in the state dir."""
         if not self.run_dir.is_dir():

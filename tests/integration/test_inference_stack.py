@@ -173,12 +173,7 @@ def embed_model(stack: Stack, worker: str, tmp_path_factory: pytest.TempPathFact
     stack.models = [*before, spec]
     stack.provision()
     try:
-        # MiniLM's own context is 256 tokens: let vLLM take the model's limit (0) for this worker.
-        stack.extra_env["BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"] = "0"
-        try:
-            stack.start([spec.component])
-        finally:
-            del stack.extra_env["BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"]
+        stack.start([spec.component])  # a pooling model gets its own context limit (catalogue)
         yield spec.served_name
     finally:
         stack.stop([spec.component])
@@ -417,11 +412,10 @@ def test_a_sigterm_drains_in_flight_work_and_exits_zero(
         )
         pid = stack.pid(worker)
         assert pid is not None
-        process = stack._procs[pid]  # the Popen object: its exit status
         # SIGTERM to the worker process only, as `docker stop` and Kubernetes send it (a signal to
         # the whole process group would also stop vLLM's engine core under the draining worker).
         os.kill(pid, signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
+        assert stack.wait_exit(worker, 60) == 0
         stack.stop([worker])  # forgets the PID file; nothing is left to stop
         # The drain took nothing new: the worker is gone and has published results for only part
         # of the batch (every line still ends up exactly once, below).

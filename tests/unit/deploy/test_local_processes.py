@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 
 from deploy.local.catalogue import ModelSpec
-from deploy.local.processes import ProcessRef, group_members, is_running, spawn_detached, stop_tree
+from deploy.local.processes import ProcessRef, group_members, is_running, spawn_detached, stop_tree, wait_exit
 from tests.support.waiting import wait_until
 
 
@@ -37,6 +37,13 @@ def test_a_leader_that_exits_on_sigterm_is_stopped_at_once(tmp_path: Path) -> No
     stop_tree(ref, timeout_s=30)
     assert time.monotonic() - started < 5
     assert not is_running(ref)
+
+
+def test_the_exit_status_of_a_process_we_started_is_known(tmp_path: Path) -> None:
+    ref = spawn_detached(["bash", "-c", "exit 3"], os.environ, tmp_path, tmp_path / "exit.log")
+    assert wait_exit(ref, 10) == 3
+    assert not is_running(ref)
+    assert wait_exit(ProcessRef(os.getpid()), 1) is None  # not started by us
 
 
 def test_a_pid_now_held_by_another_process_is_not_ours() -> None:
