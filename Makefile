@@ -3,6 +3,7 @@
 #   make up      create the environments, prepare the model, start the whole stack (detached)
 #   make down    stop every process the stack started (by PID)
 #   make test    lint, type-check, check the deployment files and run the test suite
+#   make test-unit      unit tests only (no stand-in servers, no model), a few seconds
 #   make check-deploy   the compose file, Dockerfiles, Kubernetes manifests and dashboard, offline
 #
 # Two environments, because vLLM and faust-streaming cannot share one:
@@ -35,10 +36,10 @@ TINY_DIR := $(MODELS)/tiny-llama
 # pip's local find-links/extra-index config prints one harmless warning per package; hide those.
 PIP_FILTER := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: help venvs up down status test lint format check-deploy schemas bench clean distclean
+.PHONY: help venvs up down status test test-unit lint format check-deploy schemas bench clean distclean
 
 help:
-	@echo "make up | down | status | test | lint | format | check-deploy | schemas | bench | clean | distclean"
+	@echo "make up | down | status | test | test-unit | lint | format | check-deploy | schemas | bench | clean | distclean"
 
 # ------------------------------------------------------------------------------- environments
 
@@ -96,15 +97,21 @@ $(MODELS)/minilm/$(MARKER): | $(VENV_INF)/.editable-installed
 
 # ------------------------------------------------------------------------------------- stack
 
-up: venvs $(UP_MODEL_DIR)/$(MARKER)
-	$(PY) -m deploy.local.stack up --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
-		--inference-python $(PY_INF)
+# A chat model and an embeddings model (MiniLM, vLLM's pooling runner): every endpoint is served.
+# `make up UP_EMBED_MODEL=` serves the chat model alone.
+UP_EMBED_MODEL ?= $(MODELS)/minilm
+UP_EMBED_MODEL_NAME ?= all-MiniLM-L6-v2
+UP_MODELS := --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
+	$(if $(UP_EMBED_MODEL),--model $(UP_EMBED_MODEL)=$(UP_EMBED_MODEL_NAME):pooling)
+
+up: venvs $(UP_MODEL_DIR)/$(MARKER) $(if $(UP_EMBED_MODEL),$(UP_EMBED_MODEL)/$(MARKER))
+	$(PY) -m deploy.local up $(UP_MODELS) --inference-python $(PY_INF)
 
 down:
-	@if [ -x $(PY) ]; then $(PY) -m deploy.local.stack down; else echo "no $(VENV): nothing to stop"; fi
+	@if [ -x $(PY) ]; then $(PY) -m deploy.local down; else echo "no $(VENV): nothing to stop"; fi
 
 status:
-	@$(PY) -m deploy.local.stack status
+	@$(PY) -m deploy.local status
 
 # -------------------------------------------------------------------------------------- checks
 
@@ -147,6 +154,10 @@ test: venvs $(TINY_DIR)/$(MARKER) lint check-deploy
 # Rewrites docs/schemas/*.json from shared/protocol/messages.py (a unit test fails when they drift).
 schemas: $(VENV)/.editable-installed
 	$(PY) -m shared.protocol.schemas
+
+# The fast loop: unit tests only (no stand-in servers, no model), a few seconds.
+test-unit: $(VENV)/.editable-installed
+	$(PY) -m pytest -q tests/unit
 
 # Runs `python -m bench` (bench/__main__.py) on the tiny model; e.g. `make bench BENCH_ARGS="--only parity"`.
 BENCH_ARGS ?=

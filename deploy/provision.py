@@ -1,6 +1,6 @@
 """Create what the services expect to exist: the bucket and the topics.
 
-Idempotent; used by the local stack (``deploy.local.stack``) and by docker compose's ``init``
+Idempotent; used by the local stack (``deploy.local``) and by docker compose's ``init``
 service. Reads every address from the BATCHSTREAM_* environment::
 
     python -m deploy.provision --model gemma-3-270m [--model other] [--timeout 60]
@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+from tenacity import AsyncRetrying, stop_after_delay, wait_random_exponential
 
 from shared.kafka import ensure_topics, wait_for_kafka
 from shared.mongo import Mongo
@@ -26,14 +27,15 @@ READY_PROBE_KEY = ".batchstream/ready"
 
 
 async def _retry(make: Callable[[], Awaitable[Any]], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
+    """``make()`` until it succeeds, with jittered backoff (0.1 s to 2 s); after ``timeout_s``, its error."""
+    async for attempt in AsyncRetrying(
+        stop=stop_after_delay(timeout_s),
+        wait=wait_random_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    ):
+        with attempt:
             return await make()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable: tenacity returns or raises")
 
 
 async def provision(

@@ -2,9 +2,10 @@
 
 ``stand_ins`` starts Kafka (Tansu), MongoDB (SecantusDB) and S3 (SeaweedFS) on free ports in a tmp
 dir, creates the bucket and the base topics (results, control) under a topic prefix unique to this
-session, and stops every process by PID at the end. It yields the ``deploy.local.stack.Stack``:
+session, and stops every process by PID at the end. It yields the ``deploy.local.Stack``:
 ``stand_ins.env()`` is the BATCHSTREAM_* environment pointing at it, and
 ``stand_ins.kafka_settings()`` / ``stand_ins.storage_settings()`` build settings objects directly.
+Shared helpers (waiting, JSONL lines, metrics) live in ``tests.support``.
 """
 
 from __future__ import annotations
@@ -14,16 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.local.stack import Stack, free_ports
+from deploy.local import Stack, free_ports
 from tests.integration.real_servers import servers_for_tests
 
-SESSION_ID = uuid.uuid4().hex[:8]
-
-
-@pytest.fixture(scope="session")
-def session_id() -> str:
-    """Unique per test session; names topics, the database and the bucket."""
-    return SESSION_ID
+SESSION_ID = uuid.uuid4().hex[:8]  # names this session's topics, database and bucket
 
 
 @pytest.fixture(scope="session")
@@ -42,18 +37,3 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             yield servers
     finally:
         stack.stop()
-
-
-@pytest.fixture(scope="session")
-def stand_ins_env(stand_ins: Stack) -> dict[str, str]:
-    """The BATCHSTREAM_* variables for the stand-ins (Kafka, Mongo, S3 addresses, prefix...)."""
-    return stand_ins.env()
-
-
-@pytest.fixture(scope="session")
-def stand_ins_environ(stand_ins_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """os.environ carries ``stand_ins_env`` for the rest of the session (for in-process apps)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in stand_ins_env.items():
-            patch.setenv(key, value)
-        yield stand_ins_env

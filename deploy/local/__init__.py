@@ -1,0 +1,30 @@
+"""The no-Docker local stack (``make up``) and the test fixtures' stack, one module per concern.
+
+- ``catalogue``: every component's command line, environment, readiness probe, start order.
+- ``ports``: the fixed ports of ``make up`` and ``free_ports()`` for tests.
+- ``processes``: start detached, tell alive, stop a process tree by PID (psutil).
+- ``probes``: readiness probes and the one polling loop (tenacity).
+- ``stack``: ``Stack``, one stack's state dir, addresses and its components' start/stop/status.
+- ``supervisor``: ``up``/``down``/``status`` as ``make`` runs them, and the broker-loss policy.
+- ``cli``: ``python -m deploy.local up|down|status`` (typer).
+- ``models``: prepares the models ``make up`` and the tests serve.
+"""
+
+from deploy.local.catalogue import REPO_ROOT, SERVICES, STAND_INS, ModelSpec
+from deploy.local.errors import StackError
+from deploy.local.ports import Ports, free_ports
+from deploy.local.stack import Outcome, Stack
+from deploy.local.supervisor import up
+
+__all__ = [
+    "REPO_ROOT",
+    "SERVICES",
+    "STAND_INS",
+    "ModelSpec",
+    "Outcome",
+    "Ports",
+    "Stack",
+    "StackError",
+    "free_ports",
+    "up",
+]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from deploy.local.stack import ModelSpec, Stack, free_ports
+from deploy.local import ModelSpec, Stack, free_ports
 
 TEST_MODEL_NAME = os.environ.get("BATCHSTREAM_TEST_MODEL_NAME", "tiny-llama")
 

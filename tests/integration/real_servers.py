@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from deploy.local.stack import STAND_INS, Stack
+from deploy.local import STAND_INS, Stack
 
 SWITCH = "BATCHSTREAM_TEST_SERVERS"
 TESTCONTAINERS = "testcontainers"

@@ -35,7 +35,8 @@ from shared.settings import KafkaSettings, MongoSettings
 from shared.storage import ObjectStore, file_key, result_chunk_prefix
 from shared.topics import results_topic
 from tests.integration.conftest import OwnStack
-from tests.integration.waiting import eventually
+from tests.support.metrics import metric_value
+from tests.support.waiting import eventually
 
 AGGREGATOR_ENV = {
     "BATCHSTREAM_LOG_LEVEL": os.environ.get("AGGREGATOR_TEST_LOG_LEVEL", "INFO"),
@@ -226,7 +227,9 @@ async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
     assert b'batchstream_aggregator_phase{batchstream_aggregator_phase="processing"} 1.0' in metrics
 
 
-async def test_batch_completes_with_exact_counts_and_files(clients: Clients, aggregator: int) -> None:
+async def test_batch_completes_with_exact_counts_and_files(
+    agg_stack: Stack, clients: Clients, aggregator: int
+) -> None:
     total = 300
     failing = {line for line in range(1, total + 1) if line % 25 == 0}  # 12 lines get a 400
     batch_id = await insert_batch(clients.mongo, total)
@@ -275,9 +278,23 @@ async def test_batch_completes_with_exact_counts_and_files(clients: Clients, agg
 
     await eventually(chunks_deleted, 10, "chunk objects deleted")
 
-    # A late redelivery after completion changes nothing.
+    # A late redelivery after completion changes nothing: once the aggregator has dropped it (its
+    # dropped-results counters are the witness), the batch is as it was.
+    metrics_url = f"http://127.0.0.1:{agg_stack.ports.aggregator}/metrics"
+
+    def dropped_total() -> float:
+        return sum(
+            metric_value(metrics_url, f"batchstream_aggregator_{name}_dropped_total")
+            for name in ("late_results", "duplicates")
+        )
+
+    dropped_before = await asyncio.to_thread(dropped_total)
     await publish(clients, results[:10])
-    await asyncio.sleep(1.0)
+
+    async def redelivery_dropped() -> bool:
+        return await asyncio.to_thread(dropped_total) >= dropped_before + 10
+
+    await eventually(redelivery_dropped, 30, "the late redelivery dropped")
     again = await clients.mongo.batches.find_one({"_id": batch_id})
     assert again is not None and again["request_counts"] == doc["request_counts"]
 

@@ -10,7 +10,6 @@ straight to the results topic, the way workers publish them, so a test decides w
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import threading
@@ -33,12 +32,12 @@ from shared.settings import MongoSettings
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
 from tests.integration.conftest import OwnStack
-from tests.integration.waiting import eventually
+from tests.support.lines import chat_line, parse_jsonl
+from tests.support.waiting import TERMINAL, eventually
 
 pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-fast"
 GHOST_MODEL = "ghost"
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 CANCEL_TIMEOUT_S = 3
 
 
@@ -106,17 +105,6 @@ async def producer(fast_stack: Stack) -> AsyncIterator[AIOKafkaProducer]:
 # --- helpers
 
 
-def chat_line(custom_id: str, model: str) -> str:
-    return json.dumps(
-        {
-            "custom_id": custom_id,
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}]},
-        }
-    )
-
-
 async def create_batch(client: AsyncOpenAI, model: str, lines: list[str]) -> Batch:
     upload = await client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
     created = await client.batches.create(
@@ -154,7 +142,7 @@ async def read_lines(client: AsyncOpenAI, file_id: str | None) -> list[dict[str,
     if file_id is None:
         return []
     content = await client.files.content(file_id)
-    return [json.loads(line) for line in content.text.split("\n") if line]
+    return parse_jsonl(content.text)
 
 
 def result(batch_id: str, line: int, custom_id: str, status: int = 200) -> ResultMessage:
@@ -372,10 +360,10 @@ async def test_cancelled_batch_keeps_partial_output(
         failed_so_far = await http.get(f"/batches/{batch.id}/partial_output?kind=error")
         missing = await http.get("/batches/batch_nope/partial_output")
     assert so_far.status_code == 200
-    assert sorted(json.loads(x)["custom_id"] for x in so_far.text.split("\n") if x) == sorted(
+    assert sorted(x["custom_id"] for x in parse_jsonl(so_far.text)) == sorted(
         ids[i] for i in range(15) if i != 3
     )
-    assert [json.loads(x)["custom_id"] for x in failed_so_far.text.split("\n") if x] == [ids[3]]
+    assert [x["custom_id"] for x in parse_jsonl(failed_so_far.text)] == [ids[3]]
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "batch_id"
 
     cancelling = await client.batches.cancel(batch.id)

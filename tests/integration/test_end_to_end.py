@@ -5,48 +5,19 @@ Runs on the whole stack: stand-in servers, api, aggregator and one vLLM worker o
 
 from __future__ import annotations
 
-import json
-import time
-from typing import Any
-
 import pytest
 from openai import OpenAI
-from openai.types import Batch
 
 from deploy.local.stack import Stack
+from tests.support.lines import chat_line, read_lines
+from tests.support.waiting import wait_terminal
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> OpenAI:
     return OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5)
-
-
-def chat_line(custom_id: str, model: str, content: str, **body: Any) -> str:
-    return json.dumps(
-        {
-            "custom_id": custom_id,
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": content}], **body},
-        }
-    )
-
-
-def wait_terminal(client: OpenAI, batch_id: str, timeout_s: float = 300.0) -> Batch:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in TERMINAL:
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}: {batch.request_counts}"
-        time.sleep(0.5)
-
-
-def read_lines(client: OpenAI, file_id: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in client.files.content(file_id).text.split("\n") if line]
 
 
 def test_a_chat_batch_completes_with_every_line_generated_once(client: OpenAI, model_id: str) -> None:
@@ -62,7 +33,7 @@ def test_a_chat_batch_completes_with_every_line_generated_once(client: OpenAI, m
         metadata={"suite": "e2e"},
     )
     assert created.status == "validating"
-    batch = wait_terminal(client, created.id)
+    batch = wait_terminal(client, created.id, timeout_s=300)
 
     assert batch.status == "completed", batch
     assert batch.model == model_id
@@ -103,7 +74,7 @@ def test_a_line_the_engine_rejects_lands_in_the_error_file(client: OpenAI, model
     created = client.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    batch = wait_terminal(client, created.id)
+    batch = wait_terminal(client, created.id, timeout_s=300)
 
     assert batch.status == "completed"
     assert batch.request_counts is not None

@@ -12,11 +12,9 @@ import asyncio
 import itertools
 import json
 import os
-import re
 import signal
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,11 +30,11 @@ from deploy.local.stack import ModelSpec, Stack
 from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage, ResultMessage
 from shared.topics import requests_topic, results_topic
-from tests.integration.waiting import wait_until
+from tests.support.lines import CHAT, chat_body, read_lines, request_line
+from tests.support.metrics import metric_value
+from tests.support.waiting import wait_terminal, wait_until
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
-CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 
@@ -56,58 +54,27 @@ def client(stack: Stack, worker: str) -> OpenAI:
 # ----------------------------------------------------------------------------------- helpers
 
 
-def line(custom_id: str, url: str, body: dict[str, Any]) -> str:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
-
-
-def chat(model: str, content: str, **body: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": content}], **body}
-
-
 def run_batch(client: OpenAI, url: str, lines: list[str]) -> Batch:
     upload = client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
     return client.batches.create(input_file_id=upload.id, endpoint=url, completion_window="24h")  # type: ignore[arg-type]
-
-
-def wait_terminal(client: OpenAI, batch_id: str, timeout_s: float = 240.0) -> Batch:
-    batch: Batch = wait_until(
-        lambda: (b := client.batches.retrieve(batch_id)).status in TERMINAL and b,
-        timeout_s,
-        f"batch {batch_id} to end",
-        interval_s=0.2,
-    )
-    return batch
-
-
-def read_lines(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if not file_id:
-        return []
-    # split on "\n" only: generated text may hold characters splitlines() breaks on (\x1c, \u2028)
-    text = client.files.content(file_id).text
-    return [json.loads(raw) for raw in text.split("\n") if raw]
 
 
 def all_lines(client: OpenAI, batch: Batch) -> list[dict[str, Any]]:
     return read_lines(client, batch.output_file_id) + read_lines(client, batch.error_file_id)
 
 
-def _metrics_text(stack: Stack, n: int) -> str:
-    url = f"http://127.0.0.1:{stack.ports.inference + n}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return str(response.read().decode())
+def metrics_url(stack: Stack, n: int) -> str:
+    return f"http://127.0.0.1:{stack.ports.inference + n}/metrics"
 
 
-def metric(stack: Stack, n: int, name: str, labels: str = "") -> float:
-    """One sample from the n-th worker's /metrics (0 when absent)."""
-    pattern = re.escape(name + (f"{{{labels}}}" if labels else "")) + r" ([0-9.e+]+)"
-    found = re.search(pattern, _metrics_text(stack, n))
-    return float(found.group(1)) if found else 0.0
+def engine_started(stack: Stack, n: int = 0) -> float:
+    """Requests the n-th worker has handed to its engine."""
+    return metric_value(metrics_url(stack, n), "batchstream_inference_started_total")
 
 
 def finished(stack: Stack, n: int = 0) -> float:
     """Request messages the n-th worker has answered, whatever the outcome."""
-    pattern = r"^batchstream_inference_requests_total\{[^}]*\} ([0-9.e+]+)$"
-    return sum(float(sample) for sample in re.findall(pattern, _metrics_text(stack, n), re.M))
+    return metric_value(metrics_url(stack, n), "batchstream_inference_requests_total")
 
 
 @contextmanager
@@ -139,9 +106,11 @@ def _assert_usage(body: dict[str, Any]) -> None:
 
 def test_chat_bodies_match_vllms_server(client: OpenAI, model_id: str) -> None:
     lines = [
-        line("plain", CHAT, chat(model_id, "hi", max_tokens=4)),
-        line("logprobs", CHAT, chat(model_id, "hi", max_tokens=4, logprobs=True, top_logprobs=2)),
-        line("n2", CHAT, chat(model_id, "hi", max_tokens=4, n=2, temperature=1.0)),
+        request_line("plain", CHAT, chat_body(model_id, "hi", max_tokens=4)),
+        request_line(
+            "logprobs", CHAT, chat_body(model_id, "hi", max_tokens=4, logprobs=True, top_logprobs=2)
+        ),
+        request_line("n2", CHAT, chat_body(model_id, "hi", max_tokens=4, n=2, temperature=1.0)),
     ]
     batch = wait_terminal(client, run_batch(client, CHAT, lines).id)
     assert batch.status == "completed" and batch.request_counts and batch.request_counts.completed == 3
@@ -164,9 +133,9 @@ def test_chat_bodies_match_vllms_server(client: OpenAI, model_id: str) -> None:
 def test_completion_bodies_match_vllms_server(client: OpenAI, model_id: str) -> None:
     base = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 4}
     lines = [
-        line("plain", COMPLETIONS, base),
-        line("logprobs", COMPLETIONS, {**base, "logprobs": 2}),
-        line("n2", COMPLETIONS, {**base, "n": 2, "temperature": 1.0}),
+        request_line("plain", COMPLETIONS, base),
+        request_line("logprobs", COMPLETIONS, {**base, "logprobs": 2}),
+        request_line("n2", COMPLETIONS, {**base, "n": 2, "temperature": 1.0}),
     ]
     batch = wait_terminal(client, run_batch(client, COMPLETIONS, lines).id)
     assert batch.status == "completed" and batch.request_counts and batch.request_counts.completed == 3
@@ -204,12 +173,7 @@ def embed_model(stack: Stack, worker: str, tmp_path_factory: pytest.TempPathFact
     stack.models = [*before, spec]
     stack.provision()
     try:
-        # MiniLM's own context is 256 tokens: let vLLM take the model's limit (0) for this worker.
-        stack.extra_env["BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"] = "0"
-        try:
-            stack.start([spec.component])
-        finally:
-            del stack.extra_env["BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"]
+        stack.start([spec.component])  # a pooling model gets its own context limit (catalogue)
         yield spec.served_name
     finally:
         stack.stop([spec.component])
@@ -218,8 +182,8 @@ def embed_model(stack: Stack, worker: str, tmp_path_factory: pytest.TempPathFact
 
 def test_embedding_bodies_match_vllms_server(client: OpenAI, embed_model: str) -> None:
     lines = [
-        line("one", EMBEDDINGS, {"model": embed_model, "input": "a sentence to embed"}),
-        line("two", EMBEDDINGS, {"model": embed_model, "input": ["first text", "second text"]}),
+        request_line("one", EMBEDDINGS, {"model": embed_model, "input": "a sentence to embed"}),
+        request_line("two", EMBEDDINGS, {"model": embed_model, "input": ["first text", "second text"]}),
     ]
     batch = wait_terminal(client, run_batch(client, EMBEDDINGS, lines).id)
     assert batch.status == "completed" and batch.model == embed_model
@@ -276,7 +240,9 @@ def test_two_batches_share_one_engine(
     size = 16
     lines = [
         [
-            line(f"{tag}{i}", CHAT, chat(model_id, "count", max_tokens=16 + 24 * i, ignore_eos=True))
+            request_line(
+                f"{tag}{i}", CHAT, chat_body(model_id, "count", max_tokens=16 + 24 * i, ignore_eos=True)
+            )
             for i in range(size)
         ]
         for tag in "ab"
@@ -328,7 +294,7 @@ async def _direct(stack: Stack, model_id: str) -> list[dict[str, Any]]:
             request_id=f"pipe-{i}",
             custom_id=f"doc-{i}",
             url=CHAT,
-            body=chat(model_id, f"Say {i}", max_tokens=4),
+            body=chat_body(model_id, f"Say {i}", max_tokens=4),
             reply_topic=reply,
         )
         for i in range(3)
@@ -376,18 +342,18 @@ def test_a_cancelled_batch_never_runs_its_unstarted_lines(
     client: OpenAI, stack: Stack, model_id: str
 ) -> None:
     total = 400  # more than the worker keeps in flight (2 x max_num_seqs = 128)
-    body = chat(model_id, "go on", max_tokens=400, ignore_eos=True)
-    started_before = metric(stack, 0, "batchstream_inference_started_total")
-    batch = run_batch(client, CHAT, [line(f"c{i}", CHAT, body) for i in range(total)])
+    body = chat_body(model_id, "go on", max_tokens=400, ignore_eos=True)
+    started_before = engine_started(stack)
+    batch = run_batch(client, CHAT, [request_line(f"c{i}", CHAT, body) for i in range(total)])
     wait_until(
-        lambda: metric(stack, 0, "batchstream_inference_started_total") > started_before,
+        lambda: engine_started(stack) > started_before,
         120,
         "the first line to start",
         interval_s=0.2,
     )
     assert client.batches.cancel(batch.id).status in {"cancelling", "cancelled"}
     done = wait_terminal(client, batch.id)
-    started = metric(stack, 0, "batchstream_inference_started_total") - started_before
+    started = engine_started(stack) - started_before
 
     assert done.status == "cancelled" and done.cancelled_at, done
     assert done.request_counts and done.request_counts.completed + done.request_counts.failed == total
@@ -404,8 +370,8 @@ def test_a_cancelled_batch_never_runs_its_unstarted_lines(
 
 def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Batch, list[str]]:
     ids = [f"{tag}{i}" for i in range(size)]
-    body = chat(model_id, "tell me more", max_tokens=128, ignore_eos=True)
-    return run_batch(client, CHAT, [line(i, CHAT, body) for i in ids]), ids
+    body = chat_body(model_id, "tell me more", max_tokens=128, ignore_eos=True)
+    return run_batch(client, CHAT, [request_line(i, CHAT, body) for i in ids]), ids
 
 
 # The worker keeps at most 2 x max_num_seqs = 128 lines in flight. The signal goes out as soon as
@@ -436,21 +402,20 @@ def test_a_sigterm_drains_in_flight_work_and_exits_zero(
     client: OpenAI, stack: Stack, worker: str, model_id: str
 ) -> None:
     with worker_restored(stack, worker):
-        started_before = metric(stack, 0, "batchstream_inference_started_total")
+        started_before = engine_started(stack)
         batch, ids = _long_batch(client, model_id, SIZE, "t")
         wait_until(
-            lambda: metric(stack, 0, "batchstream_inference_started_total") > started_before,
+            lambda: engine_started(stack) > started_before,
             120,
             "the first line to start",
             interval_s=0.1,
         )
         pid = stack.pid(worker)
         assert pid is not None
-        process = stack._procs[pid]  # the Popen object: its exit status
         # SIGTERM to the worker process only, as `docker stop` and Kubernetes send it (a signal to
         # the whole process group would also stop vLLM's engine core under the draining worker).
         os.kill(pid, signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
+        assert stack.wait_exit(worker, 60) == 0
         stack.stop([worker])  # forgets the PID file; nothing is left to stop
         # The drain took nothing new: the worker is gone and has published results for only part
         # of the batch (every line still ends up exactly once, below).

@@ -6,13 +6,15 @@ import io
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from minio import Minio
 from minio.error import S3Error
 from pymongo import AsyncMongoClient
 
-from deploy.local.stack import STAND_INS, Stack, _group_members, _running, free_ports
+from deploy.local import STAND_INS, Stack, free_ports
+from deploy.local.processes import group_members
 from shared.topics import control_topic, results_topic
 
 
@@ -95,14 +97,15 @@ def test_up_is_idempotent_and_stop_leaves_no_process(tmp_path: Path) -> None:
         assert [o.state for o in first] == ["started"] * 3
         pids = stack.pids()
         assert set(pids) == set(STAND_INS)
+        started = [psutil.Process(pid) for pid in pids.values()]
         again = stack.start(STAND_INS)
         assert [o.state for o in again] == ["running"] * 3
         assert stack.pids() == pids
     finally:
         stack.stop()
-    for pid in pids.values():
-        assert not _running(pid), f"pid {pid} is still running"
-        assert not _group_members(pid), f"process group {pid} still has members"
+    for proc in started:
+        assert not proc.is_running(), f"pid {proc.pid} is still running"
+        assert not group_members(proc.pid), f"process group {proc.pid} still has members"
     assert list((tmp_path / "state" / "run").glob("*.pid")) == []
 
 

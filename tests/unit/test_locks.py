@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCKS = {name: ROOT / "requirements" / f"{name}.lock" for name in ("main", "inference", "inference-gpu", "api", "aggregator")}
+LOCKS = {
+    name: ROOT / "requirements" / f"{name}.lock"
+    for name in ("main", "inference", "inference-gpu", "api", "aggregator")
+}
 
 
 def _name(raw: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,7 +16,7 @@ import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack
-from tests.integration.waiting import wait_until
+from tests.support.waiting import wait_until
 
 UNSERVED_MODEL = "unserved-model"
 
@@ -62,19 +61,6 @@ def create_key(stack: Stack, project: str) -> str:
 def other_client(stack: Stack) -> OpenAI:
     """A client of another project."""
     return OpenAI(base_url=stack.base_url, api_key=create_key(stack, "other-team"), max_retries=0)
-
-
-def jsonl(lines: list[dict[str, Any]]) -> bytes:
-    return "\n".join(json.dumps(line) for line in lines).encode()
-
-
-def chat_request(custom_id: str, model: str, **body: Any) -> dict[str, Any]:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], **body},
-    }
 
 
 def _free_port() -> int:

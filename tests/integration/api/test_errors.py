@@ -16,8 +16,9 @@ import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack
-from tests.integration.api.conftest import chat_request, extra_api, jsonl
-from tests.integration.waiting import wait_until
+from tests.integration.api.conftest import extra_api
+from tests.support.lines import chat_request, jsonl
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

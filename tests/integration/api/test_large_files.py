@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack
+from tests.support.lines import chat_line
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -46,14 +47,7 @@ class PeakRss:
 def write_input(path: Path, model: str) -> int:
     with path.open("w") as out:
         for i in range(LINES):
-            line = json.dumps(
-                {
-                    "custom_id": f"row-{i}",
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {"model": model, "messages": [{"role": "user", "content": ""}]},
-                }
-            )
+            line = chat_line(f"row-{i}", model, "")
             pad = LINE_BYTES - len(line) - 1
             out.write(line.replace('"content": ""', f'"content": "{"x" * (pad - 0)}"') + "\n")
     return path.stat().st_size
@@ -77,10 +71,12 @@ def test_a_200_mb_input_streams_through_the_api_in_bounded_memory(
         batch = client.batches.create(
             input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        deadline = time.monotonic() + 240
-        while not (mongo_db.batches.find_one({"_id": batch.id}) or {}).get("emitted"):
-            assert time.monotonic() < deadline, client.batches.retrieve(batch.id).status
-            time.sleep(0.2)
+        wait_until(
+            lambda: (mongo_db.batches.find_one({"_id": batch.id}) or {}).get("emitted"),
+            240,
+            "every line published",
+            interval_s=0.2,
+        )
         emitted_at = time.monotonic()
         downloaded = 0
         with client.files.with_streaming_response.content(uploaded.id) as response:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -14,8 +13,8 @@ from minio.error import S3Error
 from openai import OpenAI
 
 from deploy.local.stack import Stack
-from tests.integration.api.conftest import chat_request, jsonl
-from tests.integration.waiting import wait_until
+from tests.support.lines import chat_request, jsonl, read_lines
+from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +63,7 @@ def test_a_file_in_use_by_a_running_batch_stays_readable_by_it_until_it_ends(
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    _wait_status(client, batch.id, {"in_progress"})
+    wait_status(client, batch.id, {"in_progress"})
     client.files.delete(file_id)
     assert http.get(f"/files/{file_id}").status_code == 404
     stored = mongo_db.files.find_one({"_id": file_id})
@@ -74,8 +73,8 @@ def test_a_file_in_use_by_a_running_batch_stays_readable_by_it_until_it_ends(
     # The batch expires (no worker serves the model): its error file names every line, streamed
     # from the hidden input, and then the input's document and bytes go.
     mongo_db.batches.update_one({"_id": batch.id}, {"$set": {"expires_at": int(time.time()) - 1}})
-    expired = _wait_status(client, batch.id, {"expired"})
-    errors = [json.loads(x) for x in client.files.content(expired.error_file_id).text.split("\n") if x]
+    expired = wait_status(client, batch.id, {"expired"})
+    errors = read_lines(client, expired.error_file_id)
     assert [e["custom_id"] for e in errors] == ids
     wait_until(lambda: mongo_db.files.find_one({"_id": file_id}) is None, 30, "the input's document to go")
     settings = stack.storage_settings()
@@ -102,14 +101,6 @@ def test_an_expired_file_is_not_found(client: OpenAI, mongo_db: Any) -> None:
     with pytest.raises(Exception, match="404"):
         client.files.retrieve(file_id)
     assert file_id not in [f.id for f in client.files.list().data]
-
-
-def _wait_status(client: OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while (batch := client.batches.retrieve(batch_id)).status not in statuses:
-        assert time.monotonic() < deadline, batch.status
-        time.sleep(0.2)
-    return batch
 
 
 def test_batches_list_newest_first_and_pages(client: OpenAI, unserved_model: str) -> None:
@@ -147,7 +138,7 @@ def test_the_batch_object_is_complete_and_echoes_defaults(client: OpenAI, unserv
     assert raw["expires_at"] == raw["created_at"] + 24 * 3600
     assert (raw["temperature"], raw["max_decoding_length"], raw["top_k"]) == (0.0, 16, 5)
     assert raw["top_p"] is None
-    in_progress = _wait_status(client, batch.id, {"in_progress"})
+    in_progress = wait_status(client, batch.id, {"in_progress"})
     assert in_progress.model == unserved_model and in_progress.in_progress_at
     assert in_progress.request_counts is not None and in_progress.request_counts.total == 1
     cancelling = client.batches.cancel(batch.id)

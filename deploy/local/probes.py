@@ -1,0 +1,99 @@
+"""Readiness probes (TCP, HTTP health, a signed S3 request) and the one polling loop (tenacity)."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from shared.settings import StorageSettings
+
+T = TypeVar("T")
+Probe = Callable[[], bool]
+
+
+def poll_until(check: Callable[[], T], timeout_s: float, interval_s: float = 0.2) -> T:
+    """Call ``check`` every ``interval_s`` until it returns something truthy or ``timeout_s`` passed.
+
+    Returns the last value: truthy on success, falsy when time ran out. An exception from ``check``
+    propagates at once.
+    """
+    retrying = Retrying(
+        stop=stop_after_delay(timeout_s),
+        wait=wait_fixed(interval_s),
+        retry=retry_if_result(lambda value: not value),
+        retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+    )
+    return retrying(check)
+
+
+def wait_ready(ready: Probe, alive: Probe, timeout_s: float) -> str:
+    """``"ready"``, ``"exited"`` (the process died first) or ``"timeout"``."""
+
+    def state() -> str:
+        if not alive():
+            return "exited"
+        return "ready" if ready() else ""
+
+    return poll_until(state, timeout_s) or "timeout"
+
+
+def tcp_ready(port: int, host: str = "127.0.0.1") -> Probe:
+    """Something accepts connections on host:port."""
+
+    def check() -> bool:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    return check
+
+
+def http_ready(url: str) -> Probe:
+    """A GET on ``url`` answers 2xx."""
+
+    def check() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(200 <= response.status < 300)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    return check
+
+
+def s3_ready(port: int, storage: StorageSettings) -> Probe:
+    """A real signed request: the bucket listing answers (the bucket may not exist yet)."""
+    listening = tcp_ready(port)
+
+    def check() -> bool:
+        if not listening():
+            return False
+        try:
+            _s3_client(f"127.0.0.1:{port}", storage).list_buckets()
+        except Exception:
+            return False
+        return True
+
+    return check
+
+
+def _s3_client(endpoint: str, storage: StorageSettings) -> Any:
+    import urllib3
+    from minio import Minio
+
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=1, read=3), retries=False)
+    return Minio(
+        endpoint,
+        access_key=storage.access_key,
+        secret_key=storage.secret_key,
+        secure=False,
+        region=storage.region,
+        http_client=http,
+    )

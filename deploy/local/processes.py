@@ -1,0 +1,164 @@
+"""Process control through psutil: start a command detached, tell if it still runs, stop its tree.
+
+Every component runs in its own session and process group (``start_new_session``), with its output
+appended to a log file. A process is named by a ``ProcessRef``: its PID and its creation time, so a
+PID the kernel gave to another process since is never taken for ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from deploy.local.errors import StackError
+from deploy.local.probes import poll_until
+
+# Popen handles of what this process started, so their exit is collected (no zombies left).
+_spawned: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process we started: its PID and psutil's creation time (None: not known, not checked)."""
+
+    pid: int
+    created: float | None = None
+
+    def dumps(self) -> str:
+        return f"{self.pid}\n{self.created if self.created is not None else ''}\n"
+
+    @classmethod
+    def loads(cls, text: str) -> ProcessRef | None:
+        """A PID file's content; a start time without a '.' (an older stack's) is not checked."""
+        words = text.split()
+        if not words or not words[0].isdigit():
+            return None
+        created = float(words[1]) if len(words) > 1 and "." in words[1] else None
+        return cls(int(words[0]), created)
+
+
+def spawn_detached(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessRef:
+    """Start ``argv`` in a new session, stdin closed, stdout and stderr appended to ``log_path``."""
+    with log_path.open("ab") as log:
+        stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        log.write(f"\n=== {stamp} start: {' '.join(argv)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _spawned[proc.pid] = proc
+    try:
+        created: float | None = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        created = None  # already gone: is_running will say so
+    return ProcessRef(proc.pid, created)
+
+
+def _process(ref: ProcessRef) -> psutil.Process | None:
+    """The running (not zombie) process ``ref`` names, or None."""
+    try:
+        proc = psutil.Process(ref.pid)
+        if ref.created is not None and abs(proc.create_time() - ref.created) > 0.01:
+            return None  # the PID now belongs to another process
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except psutil.Error:
+        pass
+    popen = _spawned.get(ref.pid)
+    if popen is not None and popen.poll() is not None:  # ours and exited: collect its status
+        del _spawned[ref.pid]
+    return None
+
+
+def is_running(ref: ProcessRef) -> bool:
+    """True if the process exists, is not a zombie and is the one we started."""
+    return _process(ref) is not None
+
+
+def wait_exit(ref: ProcessRef, timeout_s: float) -> int | None:
+    """The exit status of a process this process started, once it has exited (None if it is not
+    one of ours); ``subprocess.TimeoutExpired`` if it still runs after ``timeout_s``."""
+    popen = _spawned.get(ref.pid)
+    if popen is None:
+        return None
+    status = popen.wait(timeout=timeout_s)
+    del _spawned[ref.pid]
+    return status
+
+
+def _pid_taken(pid: int) -> bool:
+    """Whether some (other) live process holds ``pid``."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def group_members(pgid: int, known: Iterable[psutil.Process] = ()) -> list[psutil.Process]:
+    """Live processes of the process group ``pgid``, plus any of ``known`` still alive."""
+    found = {p for p in known if _alive(p)}
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid and _alive(proc):
+                found.add(proc)
+    return sorted(found, key=lambda p: p.pid)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def stop_tree(ref: ProcessRef, timeout_s: float) -> None:
+    """SIGTERM the leader, wait for its tree and process group to end, then SIGKILL what is left.
+
+    Only the leader gets SIGTERM, as ``docker stop`` and Kubernetes do: a draining inference worker
+    still needs its vLLM engine process, which it shuts down itself once drained.
+    """
+    leader = _process(ref)
+    if leader is None and _pid_taken(ref.pid):
+        # The PID belongs to another process now; the kernel never reuses a PID while a process
+        # group of that id exists, so our group is gone.
+        return
+    tree: list[psutil.Process] = []
+    if leader is not None:
+        with contextlib.suppress(psutil.Error):
+            tree = [leader, *leader.children(recursive=True)]
+        with contextlib.suppress(psutil.Error):
+            leader.terminate()
+        poll_until(lambda: not _left(ref, tree), timeout_s, interval_s=0.1)
+    # SIGKILL what is left (if the leader died first, its children may not have), again on each
+    # look, so a process forked meanwhile goes too.
+    if not poll_until(lambda: not _kill(_left(ref, tree)), 5.0, interval_s=0.05):
+        raise StackError(f"process group {ref.pid} survived SIGKILL")
+    popen = _spawned.pop(ref.pid, None)
+    if popen is not None:
+        popen.wait(timeout=5)  # it has exited: collect its status so no zombie is left
+
+
+def _left(ref: ProcessRef, tree: list[psutil.Process]) -> list[psutil.Process]:
+    _process(ref)  # collects the leader's exit status if we started it
+    return group_members(ref.pid, tree)
+
+
+def _kill(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """SIGKILL each of ``procs``; returns them (empty: nothing was left)."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return procs

@@ -1,0 +1,84 @@
+"""What ``make up``, ``make down`` and ``make status`` do with a stack, and the broker-loss policy.
+
+Broker persistence: the broker keeps its data in memory (Tansu's ``memory://`` store), so it forgets
+every topic, message and committed offset when it stops. This build of Tansu has no file store (only
+``memory://`` and ``s3://``), and noida-db, which persists, can leave a consumer group without
+assignments after a commit during a rebalance, which is worse for a stack meant to show
+at-least-once delivery. What ``up`` does about it: it recreates the topics every time, and when it
+(re)starts the broker it restarts every service (the aggregator with an empty local data dir), so
+no consumer keeps state that refers to offsets the broker no longer has. MongoDB and object-store
+data persist across ``down``/``up``; batches that were in flight when the broker stopped run again
+from the start: ``up`` requeues them (``deploy.provision.requeue_in_flight``) and the api, starting,
+publishes their lines again. ``make clean`` removes all state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from deploy.local.catalogue import SERVICES, STAND_INS
+from deploy.local.stack import Outcome, Stack
+
+
+def up(stack: Stack, services: Sequence[str]) -> int:
+    """Start what is not running (stand-ins, then ``services``), print a summary; 0 if all healthy.
+
+    ``services`` names ``api``, ``aggregator`` and ``inference`` (every model's worker).
+    """
+    kafka_was_running = stack.pid("kafka") is not None
+    outcomes = stack.start(STAND_INS, strict=False)
+    if all(o.ok for o in outcomes):
+        if not kafka_was_running:
+            recover_from_broker_loss(stack)
+        stack.provision()
+        names = [s for s in services if s in SERVICES]
+        if "inference" in services:
+            names += [m.component for m in stack.models]
+        outcomes += stack.start(names, strict=False)
+    print_summary(stack, outcomes)
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def recover_from_broker_loss(stack: Stack) -> None:
+    """A new broker has no topics, offsets or changelogs: consumer state from before is stale, and
+    batches in flight lost their messages. Restart every service and have the api publish those
+    batches again."""
+    stack.stop([n for n in stack.known() if n not in STAND_INS])
+    stack.reset_aggregator_state()
+    stack.requeue_in_flight()
+
+
+def print_summary(stack: Stack, outcomes: Sequence[Outcome]) -> None:
+    comps = stack.components()
+    failed = [o for o in outcomes if not o.ok]
+    print("\nbatchstream local stack")
+    for o in outcomes:
+        mark = {"running": "ok (already running)", "started": "ok (started)"}.get(o.state, "FAILED")
+        print(f"  {o.name:<28} {mark:<22} {comps[o.name].description}")
+    for o in failed:
+        print(f"\n{o.name} failed: {o.detail}")
+    print(
+        f"\n  base URL : {stack.base_url}\n"
+        f"  API key  : {stack.api_key}\n"
+        f"  models   : {', '.join(m.served_name for m in stack.models) or '(none)'}\n"
+        f"  logs     : {stack.log_dir}/<component>.log\n"
+        f"  stop with: make down"
+    )
+    if failed:
+        print(f"\n{len(failed)} component(s) failed: {', '.join(o.name for o in failed)}")
+
+
+def down(stack: Stack) -> list[str]:
+    """Stop every component with a PID file, in reverse start order; the names stopped."""
+    names = stack.known()
+    stack.stop()
+    print(f"stopped: {', '.join(names) or 'nothing was running'}")
+    return names
+
+
+def status(stack: Stack) -> dict[str, str]:
+    """Print and return each component's state."""
+    states = stack.status()
+    for name, state in states.items():
+        print(f"{name:<28} {state}")
+    return states

@@ -1,0 +1,8 @@
+"""Helpers every test shares: waiting on a condition, building and reading JSONL lines, metrics.
+
+- ``waiting``: ``wait_until`` / ``eventually`` (poll a check), ``wait_terminal`` / ``wait_status``
+  (poll a batch through the api).
+- ``lines``: request lines as the Batch API takes them (``request_line``, ``chat_request``,
+  ``chat_line``, ``jsonl``) and result files read back (``parse_jsonl``, ``read_lines``).
+- ``metrics``: one value from a Prometheus ``/metrics`` page (``metric_value``).
+"""

@@ -1,0 +1,68 @@
+"""The local stack's process control on real processes: what it starts, it stops, leaving nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from deploy.local.catalogue import ModelSpec
+from deploy.local.processes import ProcessRef, group_members, is_running, spawn_detached, stop_tree, wait_exit
+from tests.support.waiting import wait_until
+
+
+def test_a_tree_that_ignores_sigterm_is_killed_to_the_last_process(tmp_path: Path) -> None:
+    log = tmp_path / "tree.log"
+    # bash and its sleep both ignore SIGTERM (an ignored signal stays ignored across exec).
+    ref = spawn_detached(["bash", "-c", "trap '' TERM; sleep 300 & wait"], os.environ, tmp_path, log)
+    leader = psutil.Process(ref.pid)
+    children = wait_until(lambda: leader.children(recursive=True), 10, "the child sleep")
+    assert is_running(ref)
+
+    started = time.monotonic()
+    stop_tree(ref, timeout_s=0.5)
+
+    assert time.monotonic() - started < 5
+    assert not is_running(ref)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in [leader, *children])
+    assert group_members(ref.pid) == []
+    assert "start: bash -c" in log.read_text()
+
+
+def test_a_leader_that_exits_on_sigterm_is_stopped_at_once(tmp_path: Path) -> None:
+    ref = spawn_detached(["sleep", "300"], os.environ, tmp_path, tmp_path / "sleep.log")
+    started = time.monotonic()
+    stop_tree(ref, timeout_s=30)
+    assert time.monotonic() - started < 5
+    assert not is_running(ref)
+
+
+def test_the_exit_status_of_a_process_we_started_is_known(tmp_path: Path) -> None:
+    ref = spawn_detached(["bash", "-c", "exit 3"], os.environ, tmp_path, tmp_path / "exit.log")
+    assert wait_exit(ref, 10) == 3
+    assert not is_running(ref)
+    assert wait_exit(ProcessRef(os.getpid()), 1) is None  # not started by us
+
+
+def test_a_pid_now_held_by_another_process_is_not_ours() -> None:
+    me = psutil.Process()
+    assert is_running(ProcessRef(me.pid, me.create_time()))
+    assert not is_running(ProcessRef(me.pid, me.create_time() - 100))
+    stop_tree(ProcessRef(me.pid, me.create_time() - 100), timeout_s=1)  # leaves this process alone
+    assert me.is_running()
+
+
+def test_pid_files_round_trip_and_older_ones_are_read() -> None:
+    ref = ProcessRef(1234, 1764580000.25)
+    assert ProcessRef.loads(ref.dumps()) == ref
+    assert ProcessRef.loads("1234\n98765\n") == ProcessRef(1234, None)  # an older stack's start time
+    assert ProcessRef.loads("") is None
+
+
+def test_model_specs_parse_as_make_up_writes_them() -> None:
+    spec = ModelSpec.parse(".cache/models/minilm=all-MiniLM-L6-v2:pooling")
+    assert spec == ModelSpec(".cache/models/minilm", "all-MiniLM-L6-v2", runner="pooling")
+    assert spec.component == "inference-all-MiniLM-L6-v2"
+    assert ModelSpec.parse(".cache/models/tiny-llama").served_name == "tiny-llama"
