@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import Counter, Histogram
 
 from services.api.errors import install_error_handlers
+from services.api.openapi import install_openapi
 from services.api.routes import batches, files, health, models, partial
 from services.api.service.batches import BatchService
 from services.api.service.emitter import RequestEmitter
@@ -78,6 +79,7 @@ def create_app() -> FastAPI:
     runtime.check_secrets()
     app = FastAPI(title="batchstream", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    install_openapi(app)
     app.middleware("http")(_observe)
     for module in (files, batches, partial, models, health):
         app.include_router(module.router)

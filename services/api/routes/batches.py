@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query
 
 from services.api.deps import Batches, Project
+from services.api.openapi import errors
 from services.api.schemas import BatchCreateParams
 from shared.protocol.openai import Batch, ListObject
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 
-@router.post("", response_model=Batch)
+@router.post("", response_model=Batch, responses=errors(404))
 async def create_batch(
     project: Project,
     batches: Batches,
@@ -23,7 +24,7 @@ async def create_batch(
     return await batches.create(project, params, idempotency_key)
 
 
-@router.get("", response_model=ListObject)
+@router.get("", response_model=ListObject, responses=errors(404))
 async def list_batches(
     project: Project,
     batches: Batches,
@@ -33,11 +34,11 @@ async def list_batches(
     return await batches.list_page(project, after, limit)
 
 
-@router.get("/{batch_id}", response_model=Batch)
+@router.get("/{batch_id}", response_model=Batch, responses=errors(404))
 async def retrieve_batch(project: Project, batches: Batches, batch_id: str) -> Batch:
     return await batches.get(project, batch_id)
 
 
-@router.post("/{batch_id}/cancel", response_model=Batch)
+@router.post("/{batch_id}/cancel", response_model=Batch, responses=errors(404, 409))
 async def cancel_batch(project: Project, batches: Batches, batch_id: str) -> Batch:
     return await batches.cancel(project, batch_id)

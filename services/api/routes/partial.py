@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from services.api.deps import Project
+from services.api.openapi import errors, streamed
 from services.api.service.partial import Kind, PartialOutputService
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -24,7 +25,10 @@ def _partial(request: Request) -> PartialOutputService:
 Partial = Annotated[PartialOutputService, Depends(_partial)]
 
 
-@router.get("/{batch_id}/partial_output")
+@router.get(
+    "/{batch_id}/partial_output",
+    responses={**streamed("application/jsonl", "The result lines so far."), **errors(404)},
+)
 async def partial_output(
     project: Project, partial: Partial, batch_id: str, kind: Kind = "output"
 ) -> StreamingResponse:
