@@ -31,16 +31,19 @@ from shared.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 REQUESTS = Counter("batchstream_api_requests_total", "HTTP requests", ["method", "route", "status"])
+# How long a call waits on MongoDB, object storage or Kafka before it answers 503 (errors.py): a
+# dependency that stops answering must not hang clients (tests/integration/test_outages.py).
+DEPENDENCY_TIMEOUT_S = 8.0
 LATENCY = Histogram("batchstream_api_request_seconds", "HTTP request latency", ["method", "route"])
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     api_settings, kafka_settings = ApiSettings(), KafkaSettings()
-    mongo = Mongo(MongoSettings())
-    store = ObjectStore(StorageSettings())
+    mongo = Mongo(MongoSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
+    store = ObjectStore(StorageSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
     await wait_for_kafka(kafka_settings)
-    producer = make_producer(kafka_settings)
+    producer = make_producer(kafka_settings, request_timeout_ms=int(DEPENDENCY_TIMEOUT_S * 1000))
     await producer.start()
     try:
         await mongo.ensure_indexes()

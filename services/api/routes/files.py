@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from services.api.deps import Files, Project
 from services.api.openapi import errors, streamed
+from services.api.streams import opened
 from shared.protocol.openai import FileDeleted, FileObject, ListObject
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -60,5 +61,5 @@ async def delete_file(project: Project, files: Files, file_id: str) -> FileDelet
     responses={**streamed("application/octet-stream", "The file's bytes."), **errors(404)},
 )
 async def file_content(project: Project, files: Files, file_id: str) -> StreamingResponse:
-    chunks = await files.content(project, file_id)
+    chunks = await opened(await files.content(project, file_id))
     return StreamingResponse(chunks, media_type="application/octet-stream")

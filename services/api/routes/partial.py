@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 from services.api.deps import Project
 from services.api.openapi import errors, streamed
 from services.api.service.partial import Kind, PartialOutputService
+from services.api.streams import opened
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -32,5 +33,5 @@ Partial = Annotated[PartialOutputService, Depends(_partial)]
 async def partial_output(
     project: Project, partial: Partial, batch_id: str, kind: Kind = "output"
 ) -> StreamingResponse:
-    lines = await partial.open(project, batch_id, kind)
+    lines = await opened(await partial.open(project, batch_id, kind))
     return StreamingResponse(lines, media_type="application/jsonl")
