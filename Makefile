@@ -32,10 +32,10 @@ TINY_DIR := $(MODELS)/tiny-llama
 # pip's local find-links/extra-index config prints one harmless warning per package; hide those.
 PIP_FILTER := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: help venvs up down status test lint format bench clean distclean
+.PHONY: help venvs up down status test test-load lint format bench clean distclean
 
 help:
-	@echo "make up | down | status | test | lint | format | bench | clean | distclean"
+	@echo "make up | down | status | test | test-load | lint | format | bench | clean | distclean"
 
 # ------------------------------------------------------------------------------- environments
 
@@ -101,7 +101,11 @@ format: $(VENV)/.editable-installed
 test: venvs $(TINY_DIR)/$(MARKER) lint
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
-		$(PY) -m pytest -q
+		$(PY) -m pytest -q -m "not load"
+
+# The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).
+test-load: venvs
+	$(PY) -m pytest -q -s -m load tests/integration/test_load.py
 
 # Runs `python -m bench` (bench/__main__.py) on the tiny model; e.g. `make bench BENCH_ARGS="--only parity"`.
 BENCH_ARGS ?=
