@@ -22,8 +22,8 @@ import pytest
 
 from deploy.local.stack import ModelSpec, Stack
 from tests.integration.api.corpus import CHAT, dump, line
-from tests.integration.api.test_corpus import FAKE_STACK_ENV
 from tests.integration.conftest import OwnStack
+from tests.integration.fake_stack import FAKE_STACK_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.load]
 MODEL = "corpus-fake"

@@ -8,6 +8,7 @@ The stack is the api, the aggregator and a worker on the instant fake engine: no
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,23 +30,11 @@ from tests.integration.api.corpus import (
     line,
 )
 from tests.integration.conftest import OwnStack
+from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
-
-# The aggregator settings the fake-engine stacks use (Tansu quirks, quick chunks).
-FAKE_STACK_ENV = {
-    "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
-    "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
-    "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
-    "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
-    "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
-    "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
-    "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-    "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
-    "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
-}
 
 
 @pytest.fixture(scope="module")
@@ -191,4 +180,5 @@ def test_after_the_corpus_the_same_api_is_healthy_and_completes_a_batch(
     assert batch["status"] == "completed", batch
     assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
     output = api.get(f"/v1/files/{batch['output_file_id']}/content", headers=auth(keys, "own")).text
-    assert sorted(x for x in output.split("\n") if x).__len__() == 20
+    found = sorted(json.loads(x)["custom_id"] for x in output.split("\n") if x)
+    assert found == sorted(f"after-{n}" for n in range(20))
