@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from prometheus_client import Counter, Histogram
 
-from services.api.errors import install_error_handlers
+from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
 from services.api.openapi import install_openapi
 from services.api.routes import batches, files, health, models, partial
 from services.api.service.batches import BatchService
@@ -31,9 +31,6 @@ from shared.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 REQUESTS = Counter("batchstream_api_requests_total", "HTTP requests", ["method", "route", "status"])
-# How long a call waits on MongoDB, object storage or Kafka before it answers 503 (errors.py): a
-# dependency that stops answering must not hang clients (tests/integration/test_outages.py).
-DEPENDENCY_TIMEOUT_S = 8.0
 LATENCY = Histogram("batchstream_api_request_seconds", "HTTP request latency", ["method", "route"])
 
 

@@ -18,6 +18,9 @@ from shared.errors import BatchstreamError, DependencyUnavailable
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "2"
+# How long a call waits on MongoDB, object storage or Kafka before it answers 503: a dependency
+# that stops answering must not hang clients (tests/integration/test_outages.py).
+DEPENDENCY_TIMEOUT_S = 8.0
 
 
 def error_response(error: BatchstreamError) -> JSONResponse:
@@ -83,6 +86,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _storage(_: Request, exc: Exception) -> JSONResponse:
         log.warning("object storage error: %s", exc)
         return error_response(DependencyUnavailable("Object storage is unavailable; retry shortly."))
+
+    @app.exception_handler(TimeoutError)  # a call bounded by DEPENDENCY_TIMEOUT_S ran out of time
+    async def _timed_out(_: Request, exc: TimeoutError) -> JSONResponse:
+        log.warning("a dependency did not answer in time: %r", exc)
+        return error_response(DependencyUnavailable("A dependency did not answer in time; retry shortly."))
 
     @app.exception_handler(KafkaError)
     async def _kafka_down(_: Request, exc: KafkaError) -> JSONResponse:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 
 from services.api.deps import Batches, Project
+from services.api.errors import DEPENDENCY_TIMEOUT_S
 from services.api.openapi import errors
 from services.api.schemas import BatchCreateParams
 from shared.protocol.openai import Batch, ListObject
@@ -41,4 +43,6 @@ async def retrieve_batch(project: Project, batches: Batches, batch_id: str) -> B
 
 @router.post("/{batch_id}/cancel", response_model=Batch, responses=errors(404, 409))
 async def cancel_batch(project: Project, batches: Batches, batch_id: str) -> Batch:
-    return await batches.cancel(project, batch_id)
+    # Kafka down, the announcement can take two producer timeouts to fail (metadata, then
+    # delivery): bound the call, a timeout is a 503 (errors.py).
+    return await asyncio.wait_for(batches.cancel(project, batch_id), DEPENDENCY_TIMEOUT_S)
