@@ -36,10 +36,10 @@ TINY_DIR := $(MODELS)/tiny-llama
 # pip's local find-links/extra-index config prints one harmless warning per package; hide those.
 PIP_FILTER := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: help venvs up down status test test-unit lint format check-deploy schemas bench clean distclean
+.PHONY: help venvs up down status test test-unit test-load lint format check-deploy schemas bench clean distclean
 
 help:
-	@echo "make up | down | status | test | test-unit | lint | format | check-deploy | schemas | bench | clean | distclean"
+	@echo "make up | down | status | test | test-unit | test-load | lint | format | check-deploy | schemas | bench | clean | distclean"
 
 # ------------------------------------------------------------------------------- environments
 
@@ -149,7 +149,11 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 test: venvs $(TINY_DIR)/$(MARKER) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
-		$(PY) -m pytest -q
+		$(PY) -m pytest -q -m "not load"
+
+# The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).
+test-load: venvs
+	$(PY) -m pytest -q -s -m load tests/integration/test_load.py
 
 # Rewrites docs/schemas/*.json from shared/protocol/messages.py (a unit test fails when they drift).
 schemas: $(VENV)/.editable-installed

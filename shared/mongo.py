@@ -16,9 +16,12 @@ Document = dict[str, Any]
 class Mongo:
     """The database and the collections batchstream keeps."""
 
-    def __init__(self, settings: MongoSettings) -> None:
+    def __init__(self, settings: MongoSettings, *, timeout_s: float | None = None) -> None:
+        """``timeout_s`` bounds every operation (pymongo's timeoutMS) for a caller someone waits on:
+        without it a MongoDB that stops answering on an open connection hangs a call for good."""
+        options: dict[str, Any] = {"timeoutMS": int(timeout_s * 1000)} if timeout_s else {}
         self.client: AsyncMongoClient[Document] = AsyncMongoClient(
-            settings.uri, serverSelectionTimeoutMS=5000, tz_aware=False
+            settings.uri, serverSelectionTimeoutMS=5000, tz_aware=False, **options
         )
         self.db: AsyncDatabase[Document] = self.client[settings.database]
 

@@ -27,13 +27,19 @@ class ObjectNotFound(Exception):
 class ObjectStore:
     """The bucket batchstream keeps file bytes and partial results in."""
 
-    def __init__(self, settings: StorageSettings) -> None:
+    def __init__(self, settings: StorageSettings, *, timeout_s: float | None = None) -> None:
+        """``timeout_s`` (for a caller someone waits on) bounds each connect and read and does not
+        retry a read that timed out: an S3 server that stops answering fails a call in about that
+        time instead of hanging it for minutes (120 s reads, retried)."""
         self.bucket = settings.bucket
-        http = urllib3.PoolManager(
-            maxsize=32,
-            timeout=urllib3.Timeout(connect=5, read=120),
-            retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+        retries = urllib3.Retry(
+            total=3,
+            read=0 if timeout_s else None,
+            backoff_factor=0.2,
+            status_forcelist=[500, 502, 503, 504],
         )
+        timeout = urllib3.Timeout(connect=min(5, timeout_s or 5), read=timeout_s or 120)
+        http = urllib3.PoolManager(maxsize=32, timeout=timeout, retries=retries)
         self._http = http
         self.client = Minio(
             settings.endpoint,

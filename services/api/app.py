@@ -10,7 +10,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
 
-from services.api.errors import install_error_handlers
+from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
+from services.api.openapi import install_openapi
 from services.api.routes import batches, files, health, models, partial
 from services.api.service.batches import BatchService
 from services.api.service.emitter import RequestEmitter
@@ -37,10 +38,10 @@ LATENCY = Histogram("batchstream_api_request_seconds", "HTTP request latency", [
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     api_settings, kafka_settings = ApiSettings(), KafkaSettings()
-    mongo = Mongo(MongoSettings())
-    store = ObjectStore(StorageSettings())
+    mongo = Mongo(MongoSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
+    store = ObjectStore(StorageSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
     await wait_for_kafka(kafka_settings)
-    producer = make_producer(kafka_settings)
+    producer = make_producer(kafka_settings, request_timeout_ms=int(DEPENDENCY_TIMEOUT_S * 1000))
     await producer.start()
     try:
         await mongo.ensure_indexes()
@@ -85,6 +86,7 @@ def create_app() -> FastAPI:
         swagger_ui_parameters={"persistAuthorization": True},
     )
     install_error_handlers(app)
+    install_openapi(app)
     app.middleware("http")(_observe)
     for module in (files, batches, partial, models, health):
         app.include_router(module.router)

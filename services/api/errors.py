@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import logging
 
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from minio.error import S3Error
-from pymongo.errors import ConnectionFailure, ServerSelectionTimeoutError
+from minio.error import MinioException
+from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from urllib3.exceptions import HTTPError as StorageConnectionError
 
 from shared.errors import BatchstreamError, DependencyUnavailable
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "2"
+# How long a call waits on MongoDB, object storage or Kafka before it answers 503: a dependency
+# that stops answering must not hang clients (tests/integration/test_outages.py).
+DEPENDENCY_TIMEOUT_S = 8.0
 
 
 def error_response(error: BatchstreamError) -> JSONResponse:
@@ -67,10 +72,30 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning("mongodb unavailable: %s", exc)
         return error_response(DependencyUnavailable("The database is unavailable; retry shortly."))
 
-    @app.exception_handler(S3Error)
-    async def _storage(_: Request, exc: S3Error) -> JSONResponse:
+    @app.exception_handler(PyMongoError)
+    async def _mongo_error(_: Request, exc: PyMongoError) -> JSONResponse:
+        if exc.timeout:  # the operation's time limit (timeoutMS) passed: MongoDB is not answering
+            log.warning("mongodb timed out: %s", exc)
+            return error_response(DependencyUnavailable("The database is unavailable; retry shortly."))
+        log.exception("database error")
+        return error_response(BatchstreamError("The server had an error processing the request."))
+
+    # S3Error (an error answer), the SDK's other errors, and urllib3's (no answer: refused, timed out)
+    @app.exception_handler(MinioException)
+    @app.exception_handler(StorageConnectionError)
+    async def _storage(_: Request, exc: Exception) -> JSONResponse:
         log.warning("object storage error: %s", exc)
         return error_response(DependencyUnavailable("Object storage is unavailable; retry shortly."))
+
+    @app.exception_handler(TimeoutError)  # a call bounded by DEPENDENCY_TIMEOUT_S ran out of time
+    async def _timed_out(_: Request, exc: TimeoutError) -> JSONResponse:
+        log.warning("a dependency did not answer in time: %r", exc)
+        return error_response(DependencyUnavailable("A dependency did not answer in time; retry shortly."))
+
+    @app.exception_handler(KafkaError)
+    async def _kafka_down(_: Request, exc: KafkaError) -> JSONResponse:
+        log.warning("kafka unavailable: %s", exc)
+        return error_response(DependencyUnavailable("Kafka is unavailable; retry shortly."))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 
 from services.api.deps import Batches, Project
+from services.api.errors import DEPENDENCY_TIMEOUT_S
+from services.api.openapi import errors
 from services.api.schemas import BatchCreateParams
 from shared.protocol.openai import Batch, ListObject
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 
-@router.post("", response_model=Batch)
+@router.post("", response_model=Batch, responses=errors(404))
 async def create_batch(
     project: Project,
     batches: Batches,
@@ -23,7 +26,7 @@ async def create_batch(
     return await batches.create(project, params, idempotency_key)
 
 
-@router.get("", response_model=ListObject)
+@router.get("", response_model=ListObject, responses=errors(404))
 async def list_batches(
     project: Project,
     batches: Batches,
@@ -33,11 +36,13 @@ async def list_batches(
     return await batches.list_page(project, after, limit)
 
 
-@router.get("/{batch_id}", response_model=Batch)
+@router.get("/{batch_id}", response_model=Batch, responses=errors(404))
 async def retrieve_batch(project: Project, batches: Batches, batch_id: str) -> Batch:
     return await batches.get(project, batch_id)
 
 
-@router.post("/{batch_id}/cancel", response_model=Batch)
+@router.post("/{batch_id}/cancel", response_model=Batch, responses=errors(404, 409))
 async def cancel_batch(project: Project, batches: Batches, batch_id: str) -> Batch:
-    return await batches.cancel(project, batch_id)
+    # Kafka down, the announcement can take two producer timeouts to fail (metadata, then
+    # delivery): bound the call, a timeout is a 503 (errors.py).
+    return await asyncio.wait_for(batches.cancel(project, batch_id), DEPENDENCY_TIMEOUT_S)

@@ -8,12 +8,14 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from services.api.deps import Files, Project
+from services.api.openapi import errors, streamed
+from services.api.streams import opened
 from shared.protocol.openai import FileDeleted, FileObject, ListObject
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
-@router.post("", response_model=FileObject)
+@router.post("", response_model=FileObject, responses=errors(413))
 async def upload_file(
     project: Project,
     files: Files,
@@ -31,7 +33,7 @@ async def upload_file(
     )
 
 
-@router.get("", response_model=ListObject)
+@router.get("", response_model=ListObject, responses=errors(404))
 async def list_files(
     project: Project,
     files: Files,
@@ -43,18 +45,21 @@ async def list_files(
     return await files.list_page(project, purpose, limit, order, after)
 
 
-@router.get("/{file_id}", response_model=FileObject)
+@router.get("/{file_id}", response_model=FileObject, responses=errors(404))
 async def retrieve_file(project: Project, files: Files, file_id: str) -> FileObject:
     return await files.get(project, file_id)
 
 
-@router.delete("/{file_id}", response_model=FileDeleted)
+@router.delete("/{file_id}", response_model=FileDeleted, responses=errors(404))
 async def delete_file(project: Project, files: Files, file_id: str) -> FileDeleted:
     await files.delete(project, file_id)
     return FileDeleted(id=file_id)
 
 
-@router.get("/{file_id}/content")
+@router.get(
+    "/{file_id}/content",
+    responses={**streamed("application/octet-stream", "The file's bytes."), **errors(404)},
+)
 async def file_content(project: Project, files: Files, file_id: str) -> StreamingResponse:
-    chunks = await files.content(project, file_id)
+    chunks = await opened(await files.content(project, file_id))
     return StreamingResponse(chunks, media_type="application/octet-stream")

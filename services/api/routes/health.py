@@ -17,6 +17,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.api.openapi import streamed
+
 router = APIRouter(tags=["health"])
 log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 3.0
@@ -60,6 +62,6 @@ async def _dependencies_answer(request: Request) -> JSONResponse:
     return JSONResponse({"status": "healthy"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", responses=streamed(CONTENT_TYPE_LATEST, "Prometheus metrics."))
 async def metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

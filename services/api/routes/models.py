@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from services.api.deps import Project
+from services.api.openapi import errors
 from shared.errors import NotFound
 from shared.protocol.openai import ListObject, ModelCard
 
@@ -27,7 +28,7 @@ async def list_models(_: Project, request: Request) -> ListObject:
     return ListObject(data=[_card(d) for d in docs])
 
 
-@router.get("/{model_id:path}", response_model=ModelCard)
+@router.get("/{model_id:path}", response_model=ModelCard, responses=errors(404))
 async def retrieve_model(_: Project, request: Request, model_id: str) -> ModelCard:
     doc = await request.app.state.mongo.models.find_one({"_id": model_id})
     if doc is None:

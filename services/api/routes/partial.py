@@ -12,7 +12,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from services.api.deps import Project
+from services.api.openapi import errors, streamed
 from services.api.service.partial import Kind, PartialOutputService
+from services.api.streams import opened
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -24,9 +26,12 @@ def _partial(request: Request) -> PartialOutputService:
 Partial = Annotated[PartialOutputService, Depends(_partial)]
 
 
-@router.get("/{batch_id}/partial_output")
+@router.get(
+    "/{batch_id}/partial_output",
+    responses={**streamed("application/jsonl", "The result lines so far."), **errors(404)},
+)
 async def partial_output(
     project: Project, partial: Partial, batch_id: str, kind: Kind = "output"
 ) -> StreamingResponse:
-    lines = await partial.open(project, batch_id, kind)
+    lines = await opened(await partial.open(project, batch_id, kind))
     return StreamingResponse(lines, media_type="application/jsonl")

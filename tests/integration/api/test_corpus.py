@@ -1,0 +1,184 @@
+"""The bad-input corpus (tests/integration/api/corpus.py) against a running api.
+
+Every malformed request gets its exact status and error code in OpenAI's shape; every malformed
+input file makes its batch end ``failed`` with exactly the line errors listed (a valid one
+completes); and after the whole corpus the same api process is healthy and completes a batch.
+The stack is the api, the aggregator and a worker on the instant fake engine: no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from deploy.local.stack import ModelSpec, Stack
+from tests.integration.api.conftest import create_key
+from tests.integration.api.corpus import (
+    BYTE_CAP,
+    CHAT,
+    FILE_CASES,
+    MODEL,
+    REQUEST_CASES,
+    FileCase,
+    RequestCase,
+    dump,
+    line,
+)
+from tests.integration.conftest import OwnStack
+from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.integration.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def corpus_stack(own_stack: OwnStack) -> Iterator[Stack]:
+    model = ModelSpec("", MODEL, engine="fake")
+    env = {
+        **FAKE_STACK_ENV,
+        "BATCHSTREAM_API_MAX_BATCH_INPUT_BYTES": str(BYTE_CAP),
+        "BATCHSTREAM_API_MAX_FILE_BYTES": str(BYTE_CAP),
+    }
+    with own_stack("corpus", ["api", "aggregator", model.component], models=[model], extra_env=env) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def api(corpus_stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=corpus_stack.base_url.removesuffix("/v1"), timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def keys(corpus_stack: Stack) -> dict[str, str]:
+    return {"own": corpus_stack.api_key, "other": create_key(corpus_stack, "corpus-other-team")}
+
+
+@pytest.fixture(scope="module")
+def api_pid(corpus_stack: Stack) -> int:
+    """The api's PID before the corpus: the same process must answer after it."""
+    pid = corpus_stack.pid("api")
+    assert pid is not None
+    return pid
+
+
+def auth(keys: dict[str, str], who: str | None) -> dict[str, str]:
+    if who is None:
+        return {}
+    return {"Authorization": f"Bearer {keys[who]}" if who in keys else who}
+
+
+def upload(api: httpx.Client, keys: dict[str, str], data: bytes, purpose: str = "batch") -> str:
+    response = api.post(
+        "/v1/files", headers=auth(keys, "own"), files={"file": ("in.jsonl", data)}, data={"purpose": purpose}
+    )
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+def wait_terminal(api: httpx.Client, keys: dict[str, str], batch_id: str, timeout_s: float) -> dict[str, Any]:
+    def terminal() -> dict[str, Any] | None:
+        batch = api.get(f"/v1/batches/{batch_id}", headers=auth(keys, "own")).json()
+        return batch if batch["status"] in TERMINAL else None
+
+    return wait_until(terminal, timeout_s, f"batch {batch_id} to end", interval_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def ids(api: httpx.Client, keys: dict[str, str], api_pid: int) -> dict[str, str]:
+    """Ids the request cases refer to: a user_data file, a batch input file and a running batch."""
+    batch_file = upload(api, keys, dump(line()))
+    batch = api.post(
+        "/v1/batches",
+        headers=auth(keys, "own"),
+        json={"input_file_id": batch_file, "endpoint": CHAT, "completion_window": "24h"},
+    )
+    assert batch.status_code == 200, batch.text
+    return {
+        "own_file": upload(api, keys, b"notes", purpose="user_data"),
+        "batch_file": batch_file,
+        "own_batch": batch.json()["id"],
+    }
+
+
+def fill(value: Any, ids: dict[str, str]) -> Any:
+    """Put the fixture's ids into a case's path or body (placeholders like ``{own_file}``)."""
+    if isinstance(value, str):
+        for name, real in ids.items():
+            value = value.replace("{" + name + "}", real)
+        return value
+    if isinstance(value, dict):
+        return {k: fill(v, ids) for k, v in value.items()}
+    return value
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None, param: str | None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+    assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+
+
+def _marks(reason: str | None) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c.xfail)) for c in REQUEST_CASES])
+def test_a_malformed_request_gets_its_status_and_code(
+    api: httpx.Client, keys: dict[str, str], ids: dict[str, str], case: RequestCase
+) -> None:
+    kwargs = fill(case.kwargs, ids)
+    headers = {**auth(keys, case.auth), **kwargs.pop("headers", {})}
+    started = time.monotonic()
+    response = api.request(case.method, fill(case.path, ids), headers=headers, **kwargs)
+    assert time.monotonic() - started < 10, "a bad request must be answered at once"
+    assert_error(response, case.status, case.code, case.param)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c.xfail)) for c in FILE_CASES])
+def test_a_malformed_input_file_fails_its_batch_with_its_line_errors(
+    api: httpx.Client, keys: dict[str, str], api_pid: int, case: FileCase
+) -> None:
+    file_id = upload(api, keys, case.make())
+    created = api.post(
+        "/v1/batches",
+        headers=auth(keys, "own"),
+        json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
+    )
+    assert created.status_code == 200, created.text
+    batch = wait_terminal(api, keys, created.json()["id"], case.timeout_s)
+    if case.codes is None:
+        assert batch["status"] == "completed", batch
+        counts = batch["request_counts"]
+        assert (counts["completed"], counts["failed"]) == (case.completed, 0), batch
+        return
+    assert batch["status"] == "failed", batch
+    found = [(e["line"], e["code"]) for e in batch["errors"]["data"]]
+    assert found[: len(case.codes)] == case.codes, batch["errors"]
+
+
+def test_after_the_corpus_the_same_api_is_healthy_and_completes_a_batch(
+    api: httpx.Client, keys: dict[str, str], api_pid: int, corpus_stack: Stack
+) -> None:
+    assert corpus_stack.pid("api") == api_pid, "the api process was restarted during the corpus"
+    assert api.get("/health").json() == {"status": "healthy"}
+    file_id = upload(api, keys, dump(*(line(f"after-{n}") for n in range(20))))
+    created = api.post(
+        "/v1/batches",
+        headers=auth(keys, "own"),
+        json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
+    )
+    batch = wait_terminal(api, keys, created.json()["id"], 60)
+    assert batch["status"] == "completed", batch
+    assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+    output = api.get(f"/v1/files/{batch['output_file_id']}/content", headers=auth(keys, "own")).text
+    found = sorted(json.loads(x)["custom_id"] for x in output.split("\n") if x)
+    assert found == sorted(f"after-{n}" for n in range(20))
