@@ -3,8 +3,9 @@
 FastAPI infers the success bodies, but left alone it documents a 422 ``HTTPValidationError`` the
 api never sends (``errors.py`` turns validation errors into a 400 in OpenAI's shape) and none of
 the errors it does send. This module declares them: every operation's error statuses with the one
-error body, ``Retry-After`` on a 503 (the bearer scheme comes from ``deps.py``'s ``HTTPBearer``), and the media types of the streamed
-downloads. The fuzz test (tests/integration/api/test_fuzz.py) holds every response to it.
+error body, ``Retry-After`` on a 503, and the media types of the streamed downloads (the bearer
+scheme comes from ``deps.py``'s ``HTTPBearer``). The fuzz test (tests/integration/api/test_fuzz.py)
+holds every response to it.
 """
 
 from __future__ import annotations
