@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-BatchStatus = Literal[
-    "validating",
-    "failed",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "expired",
-    "cancelling",
-    "cancelled",
-]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
+from shared.lifecycle import TERMINAL, BatchStatus
+from shared.protocol.messages import SamplingDefaults
+
+# The statuses and their groups are the lifecycle's (shared/lifecycle.py); named here for clients.
+TERMINAL_STATUSES: frozenset[str] = frozenset(TERMINAL)
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-SUPPORTED_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
+# The body field each endpoint cannot run without (the input lines' typed bodies check it).
+REQUIRED_BODY_FIELD: dict[Endpoint, str] = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+}
+
+
+class BatchRequestInput(BaseModel):
+    """One line of a batch input file (as vLLM's ``run_batch.BatchRequestInput``).
+
+    The body is kept as given: the worker parses it by ``url`` with the endpoint's own request
+    model, so a body reaches the engine exactly as the client wrote it.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+    custom_id: str
+    method: Literal["POST"] = "POST"
+    url: Endpoint
+    body: dict[str, Any]
 
 
 class FileObject(BaseModel):
@@ -73,7 +87,10 @@ class BatchUsage(BaseModel):
     total_tokens: int = 0
 
 
-class Batch(BaseModel):
+class Batch(SamplingDefaults):
+    """A batch; batchstream's batch-level sampling defaults (``SamplingDefaults``) are echoed as
+    given at create (null when unset)."""
+
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str
@@ -96,12 +113,6 @@ class Batch(BaseModel):
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
     usage: BatchUsage = Field(default_factory=BatchUsage)
-    # batchstream's batch-level sampling defaults, echoed as given at create (null when unset).
-    max_decoding_length: int | None = None
-    max_context_length: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
 
 
 class ModelCard(BaseModel):

@@ -11,13 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.protocol.openai import BatchError
-
-_BODY_FIELDS_BY_ENDPOINT: dict[str, str] = {
-    "/v1/chat/completions": "messages",
-    "/v1/completions": "prompt",
-    "/v1/embeddings": "input",
-}
+from shared.protocol.openai import REQUIRED_BODY_FIELD, BatchError
 
 
 @dataclass
@@ -144,7 +138,7 @@ class InputValidator:
 
     def _check_body_shape(self, number: int, body: dict[str, Any]) -> None:
         """The fields an endpoint cannot run without, with the types it needs."""
-        required = _BODY_FIELDS_BY_ENDPOINT.get(self.endpoint)
+        required = REQUIRED_BODY_FIELD.get(self.endpoint)  # type: ignore[call-overload]
         if required is None:
             return
         value = body.get(required)
