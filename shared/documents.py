@@ -79,7 +79,8 @@ class BatchDocument(StoredDocument):
             exclude={"id", "project", "defaults", "sort_key", "output_expires_after", "emitted", "attempts"}
         )
         fields.update(self.defaults.model_dump(exclude_none=True))
-        return Batch(id=self.id, **fields)
+        first_error = self.errors.data[0] if self.errors and self.errors.data else None
+        return Batch(id=self.id, started_at=self.in_progress_at, error=first_error, **fields)
 
 
 class FileDocument(StoredDocument):
@@ -90,6 +91,7 @@ class FileDocument(StoredDocument):
     status: str = "processed"
     expires_at: int | None = None
     status_details: str | None = None
+    checksum: str | None = None
     project: str = "default"
     object_key: str
     deleted: bool = False

@@ -220,10 +220,11 @@ class Finalizer:
         """Upload one file and upsert its document; the same id and key on every re-run."""
         file_id = output_file_id(batch_id, kind)
         key = file_key(file_id)
-        size = await self._store.put_file(key, str(path))
+        stored = await self._store.put_file(key, str(path))
         public = FileObject(
             id=file_id,
-            bytes=size,
+            bytes=stored.size,
+            checksum=stored.checksum,
             created_at=int(time.time()),
             filename=f"{batch_id}_{kind}.jsonl",
             purpose="batch_output",

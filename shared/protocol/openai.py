@@ -45,6 +45,8 @@ class FileObject(BaseModel):
     status: Literal["uploaded", "processed", "error"] = "processed"
     expires_at: int | None = None
     status_details: str | None = None
+    # From the batch API batchstream replaces: "sha256:<hex>" of the stored bytes.
+    checksum: str | None = None
 
 
 class FileDeleted(BaseModel):
@@ -113,6 +115,10 @@ class Batch(SamplingDefaults):
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
     usage: BatchUsage = Field(default_factory=BatchUsage)
+    # From the batch API batchstream replaces: when lines started (= in_progress_at) and the
+    # failure's details (= the first of errors.data).
+    started_at: int | None = None
+    error: BatchError | None = None
 
 
 class ModelCard(BaseModel):

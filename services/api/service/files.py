@@ -45,7 +45,8 @@ class FileService:
         stored = await self.store.put_stream(key, stream, size if size is not None else -1)
         public = FileObject(
             id=file_id,
-            bytes=stored,
+            bytes=stored.size,
+            checksum=stored.checksum,
             created_at=now,
             filename=filename,
             purpose=purpose,
@@ -108,9 +109,10 @@ class FileService:
         await self.documents.hide(file_id)
         await purge_if_released(self.documents, self.batches, self.store, file_id)
 
-    async def content(self, project: str, file_id: str) -> AsyncIterator[bytes]:
+    async def content(self, project: str, file_id: str) -> tuple[FileDocument, AsyncIterator[bytes]]:
+        """The file's document (404 before any byte is sent) and its bytes."""
         doc = await self.document(project, file_id)
-        return self.store.iter_chunks(doc.object_key)
+        return doc, self.store.iter_chunks(doc.object_key)
 
 
 def page(items: list[Any], limit: int) -> ListObject:
