@@ -72,6 +72,11 @@ class ApiSettings(BaseSettings):
     max_reported_errors: int = 1000
     # Identical creates (same key, same body) within this window return the first batch.
     create_dedupe_window_s: float = 60.0
+    # Validating and emitting one batch: tries per start (with backoff from process_retry_wait_s),
+    # and starts (api restarts included) before a batch that never gets through ends failed.
+    process_attempts: int = Field(default=3, ge=1)
+    process_retry_wait_s: float = Field(default=1.0, ge=0)
+    process_max_starts: int = Field(default=5, ge=1)
 
     def project_by_key(self) -> dict[str, str]:
         """Map each configured key to its project (``default`` unless named)."""

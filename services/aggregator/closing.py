@@ -63,7 +63,7 @@ def fill_record(batch_id: str, line: int, raw: bytes, code: str) -> bytes:
     try:
         item = json.loads(raw)
         custom_id = item.get("custom_id") if isinstance(item, dict) else None
-    except ValueError:
+    except Exception:  # any line the parser cannot take (RecursionError too) has no custom_id
         custom_id = None
     payload = {
         "id": fill_request_id(batch_id, line),

@@ -7,6 +7,11 @@ import logging
 import time
 from typing import Any
 
+import urllib3
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from pymongo.errors import ConnectionFailure
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
+
 from services.api.schemas import BatchCreateParams
 from services.api.service.emitter import RequestEmitter
 from services.api.service.files import FileService, page
@@ -26,6 +31,15 @@ from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
 
 log = logging.getLogger(__name__)
+
+# Outages: retried, then left for the next start (never the batch's fault, never its failure).
+DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionFailure,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    urllib3.exceptions.HTTPError,
+    ConnectionError,
+)
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -167,22 +181,67 @@ class BatchService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _process(self, batch: BatchDocument, input_file: FileDocument | None) -> None:
+        """Validate and emit one batch; whatever goes wrong stays with this batch.
+
+        An error is retried ``process_attempts`` times with backoff; then an outage of a
+        dependency leaves the batch for the next start, and any other error ends it ``failed``
+        with the error named. Starts are counted in the batch document, so a batch that brings
+        the process down (or never finishes) ends ``failed`` after ``process_max_starts``.
+        """
         try:
-            if input_file is None:
-                input_file = await self.files.documents.get(batch.input_file_id)
-            if batch.status == "validating":
-                started = await self._validate(batch, input_file)
-                if started is None:
-                    return
-                batch = started
-            if batch.status != "in_progress" or batch.emitted or input_file is None:
+            starts = await self.batches.count_attempt(batch.id)
+            if starts > self.settings.process_max_starts:
+                await self._give_up(batch, f"its processing was started {starts - 1} times and never ended")
                 return
-            await self.emitter.emit(batch, self.store.iter_lines(input_file.object_key))
-            await self.batches.mark_emitted(batch.id)
+            wait_s = self.settings.process_retry_wait_s
+            retrying = AsyncRetrying(
+                stop=stop_after_attempt(self.settings.process_attempts),
+                wait=wait_exponential_jitter(multiplier=wait_s, max=30, jitter=wait_s),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        batch, input_file = await self._reload(batch), None
+                    await self._process_once(batch, input_file)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("processing a batch failed; it resumes on restart", extra={"batch_id": batch.id})
+        except DEPENDENCY_ERRORS:
+            log.exception(
+                "a dependency is unavailable; the batch resumes on restart", extra={"batch_id": batch.id}
+            )
+        except Exception as exc:
+            log.exception("processing a batch failed; the batch fails", extra={"batch_id": batch.id})
+            await self._give_up(batch, f"{type(exc).__name__}: {exc}")
+
+    async def _reload(self, batch: BatchDocument) -> BatchDocument:
+        return await self.batches.get(batch.id) or batch
+
+    async def _process_once(self, batch: BatchDocument, input_file: FileDocument | None) -> None:
+        if input_file is None:
+            input_file = await self.files.documents.get(batch.input_file_id)
+        if batch.status == "validating":
+            started = await self._validate(batch, input_file)
+            if started is None:
+                return
+            batch = started
+        if batch.status != "in_progress" or batch.emitted or input_file is None:
+            return
+        await self.emitter.emit(batch, self.store.iter_lines(input_file.object_key))
+        await self.batches.mark_emitted(batch.id)
+
+    async def _give_up(self, batch: BatchDocument, reason: str) -> None:
+        """End a batch that cannot be processed: ``failed``, saying why; its lines already sent
+        are not run (the workers learn it from a cancel on the control topic)."""
+        error = BatchError(code="processing_failed", message=f"The batch could not be processed: {reason}")
+        current = await self._reload(batch)
+        if current.status in TERMINAL:
+            return
+        await self._fail(current, [error])
+        if current.model is not None:
+            await self.emitter.announce(
+                ControlMessage(batch_id=batch.id, model=current.model, cancelled=True)
+            )
 
     async def _validate(self, batch: BatchDocument, input_file: FileDocument | None) -> BatchDocument | None:
         """Validate the input file; move the batch to in_progress (returned) or failed (None)."""

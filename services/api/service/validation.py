@@ -63,7 +63,7 @@ class InputValidator:
     def _check_line(self, number: int, raw: bytes) -> None:
         try:
             item = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except Exception:  # not only decoding errors: a deep nesting raises RecursionError
             self._error(number, "invalid_json_line", "This line is not valid JSON.")
             return
         if not isinstance(item, dict):
