@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from shared.lifecycle import TERMINAL, BatchStatus
 from shared.protocol.messages import SamplingDefaults
@@ -13,26 +13,6 @@ from shared.protocol.messages import SamplingDefaults
 TERMINAL_STATUSES: frozenset[str] = frozenset(TERMINAL)
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
-# The body field each endpoint cannot run without (the input lines' typed bodies check it).
-REQUIRED_BODY_FIELD: dict[Endpoint, str] = {
-    "/v1/chat/completions": "messages",
-    "/v1/completions": "prompt",
-    "/v1/embeddings": "input",
-}
-
-
-class BatchRequestInput(BaseModel):
-    """One line of a batch input file (as vLLM's ``run_batch.BatchRequestInput``).
-
-    The body is kept as given: the worker parses it by ``url`` with the endpoint's own request
-    model, so a body reaches the engine exactly as the client wrote it.
-    """
-
-    model_config = ConfigDict(extra="ignore")
-    custom_id: str
-    method: Literal["POST"] = "POST"
-    url: Endpoint
-    body: dict[str, Any]
 
 
 class FileObject(BaseModel):

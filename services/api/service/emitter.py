@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaProducer
 from shared import ids
 from shared.documents import BatchDocument
 from shared.kafka import encode, ensure_topics
+from shared.protocol.batch_input import BatchRequestInput
 from shared.protocol.messages import ControlMessage, RequestMessage
-from shared.protocol.openai import BatchRequestInput
 from shared.settings import KafkaSettings
 from shared.topics import control_topic, requests_topic
 
