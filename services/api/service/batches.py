@@ -16,6 +16,7 @@ from services.api.schemas import BatchCreateParams
 from services.api.service.emitter import RequestEmitter
 from services.api.service.files import FileService, page
 from services.api.service.idempotency import CreateDeduplicator
+from services.api.service.spool import LineSpool
 from services.api.service.validation import InputValidator
 from shared import ids
 from shared.documents import BatchDocument, FileDocument, sort_key
@@ -220,14 +221,16 @@ class BatchService:
     async def _process_once(self, batch: BatchDocument, input_file: FileDocument | None) -> None:
         if input_file is None:
             input_file = await self.files.documents.get(batch.input_file_id)
-        if batch.status == "validating":
-            started = await self._validate(batch, input_file)
-            if started is None:
+        with LineSpool() as spool:
+            lines = None
+            if batch.status == "validating":
+                started = await self._validate(batch, input_file, spool)
+                if started is None:
+                    return
+                batch, lines = started, spool.lines()  # emit what validation read
+            if batch.status != "in_progress" or batch.emitted or input_file is None:
                 return
-            batch = started
-        if batch.status != "in_progress" or batch.emitted or input_file is None:
-            return
-        await self.emitter.emit(batch, self.store.iter_lines(input_file.object_key))
+            await self.emitter.emit(batch, lines or self.store.iter_lines(input_file.object_key))
         await self.batches.mark_emitted(batch.id)
 
     async def _give_up(self, batch: BatchDocument, reason: str) -> None:
@@ -243,7 +246,9 @@ class BatchService:
                 ControlMessage(batch_id=batch.id, model=current.model, cancelled=True)
             )
 
-    async def _validate(self, batch: BatchDocument, input_file: FileDocument | None) -> BatchDocument | None:
+    async def _validate(
+        self, batch: BatchDocument, input_file: FileDocument | None, spool: LineSpool
+    ) -> BatchDocument | None:
         """Validate the input file; move the batch to in_progress (returned) or failed (None)."""
         if input_file is None:
             await self._fail(
@@ -256,7 +261,7 @@ class BatchService:
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
         )
-        report = await validator.run(self.store.iter_lines(input_file.object_key))
+        report = await validator.run(spool.tee(self.store.iter_lines(input_file.object_key)))
         if not report.ok:
             await self._fail(batch, report.errors)
             log.info(
