@@ -20,6 +20,7 @@ from shared.kafka import ensure_topics, wait_for_kafka
 from shared.mongo import Mongo
 from shared.settings import KafkaSettings, MongoSettings, StorageSettings
 from shared.storage import ObjectStore, result_chunk_prefix
+from shared.stores.batches import BatchStore
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +78,13 @@ async def requeue_in_flight(mongo: MongoSettings, storage: StorageSettings) -> l
     aggregator's state went with the broker, so every line is counted once from scratch.
     """
     db = Mongo(mongo)
+    batches = BatchStore(db.batches)
     store = ObjectStore(storage)
     try:
-        ids = [d["_id"] async for d in db.batches.find({"status": "in_progress"}, {"_id": 1})]
+        ids = await batches.in_progress_ids()
         for batch_id in ids:
             await store.delete_prefix(result_chunk_prefix(batch_id))
-            await db.batches.update_one(
-                {"_id": batch_id},
-                {"$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0}},
-            )
+            await batches.requeue(batch_id)
         if ids:
             log.info("requeued batches the broker forgot", extra={"batches": ids})
         return ids

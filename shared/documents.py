@@ -1,16 +1,19 @@
-"""Stored MongoDB documents: what the api writes and the aggregator and workers read or update.
+"""Stored MongoDB documents: the typed batch and file documents the stores read and write.
 
 A stored batch document holds every public ``Batch`` field (``_id`` in place of ``id``) plus the
-internal fields below; a stored file document holds every ``FileObject`` field plus ``project`` and
-``object_key``. Internal fields never reach a response: the api builds public models from documents.
+internal fields below; a stored file document holds every ``FileObject`` field plus ``project``,
+``object_key`` and ``deleted``. Internal fields never reach a response: :meth:`public` builds the
+public model.
 
 Batch internal fields:
 - ``project``: the project that owns the batch (from the API key).
-- ``defaults``: ``SamplingDefaults`` as a dict (batch-level sampling defaults).
+- ``defaults``: the batch-level ``SamplingDefaults``.
 - ``sort_key``: nanoseconds at creation (files too); lists sort and page by it.
 - ``output_expires_after``: ``{anchor, seconds}`` for the output and error files, or None.
 - ``emitted``: True once every request message has been published (a restarted api re-emits
   batches left ``in_progress`` with ``emitted`` False; duplicates are counted once downstream).
+- ``attempts``: how many times processing (validation, emission) of the batch has started; a
+  batch that keeps failing ends ``failed`` after a bounded number (no poison batch).
 
 Model documents (``models`` collection), upserted by inference workers as a heartbeat:
 ``{_id: model_id, created: int, max_context_length: int, endpoints: [str], last_seen: float}``.
@@ -21,10 +24,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from shared.protocol.openai import Batch, FileObject
+from pydantic import BaseModel, ConfigDict, Field
 
-BATCH_INTERNAL_FIELDS = ("project", "defaults", "emitted", "output_expires_after", "sort_key")
-FILE_INTERNAL_FIELDS = ("project", "object_key", "deleted", "sort_key")
+from shared.lifecycle import BatchStatus
+from shared.protocol.messages import SamplingDefaults
+from shared.protocol.openai import Batch, BatchErrors, BatchUsage, FileObject, RequestCounts
 
 
 def sort_key() -> int:
@@ -32,19 +36,73 @@ def sort_key() -> int:
     return time.time_ns()
 
 
-def batch_from_document(doc: dict[str, Any]) -> Batch:
-    fields = {k: v for k, v in doc.items() if k not in BATCH_INTERNAL_FIELDS and k != "_id"}
-    fields.update({k: v for k, v in (doc.get("defaults") or {}).items() if v is not None})
-    return Batch(id=doc["_id"], **fields)
+class StoredDocument(BaseModel):
+    """A MongoDB document: ``id`` is stored as ``_id``; unknown stored fields are ignored."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    id: str = Field(alias="_id")
+
+    def to_mongo(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
 
 
-def file_from_document(doc: dict[str, Any]) -> FileObject:
-    fields = {k: v for k, v in doc.items() if k not in FILE_INTERNAL_FIELDS and k != "_id"}
-    return FileObject(id=doc["_id"], **fields)
+class BatchDocument(StoredDocument):
+    project: str = "default"
+    endpoint: str
+    model: str | None = None
+    errors: BatchErrors | None = None
+    input_file_id: str
+    completion_window: str = "24h"
+    status: BatchStatus
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts = Field(default_factory=RequestCounts)
+    metadata: dict[str, str] | None = None
+    usage: BatchUsage = Field(default_factory=BatchUsage)
+    defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    sort_key: int = 0
+    output_expires_after: dict[str, Any] | None = None
+    emitted: bool = False
+    attempts: int = 0
+
+    def public(self) -> Batch:
+        fields = self.model_dump(
+            exclude={"id", "project", "defaults", "sort_key", "output_expires_after", "emitted", "attempts"}
+        )
+        fields.update(self.defaults.model_dump(exclude_none=True))
+        first_error = self.errors.data[0] if self.errors and self.errors.data else None
+        return Batch(id=self.id, started_at=self.in_progress_at, error=first_error, **fields)
 
 
-def file_document(public: FileObject, project: str, object_key: str) -> dict[str, Any]:
-    doc = public.model_dump()
-    doc["_id"] = doc.pop("id")
-    doc.update(project=project, object_key=object_key, sort_key=sort_key())
-    return doc
+class FileDocument(StoredDocument):
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
+    checksum: str | None = None
+    project: str = "default"
+    object_key: str
+    deleted: bool = False
+    sort_key: int = Field(default_factory=sort_key)
+
+    @classmethod
+    def of(cls, public: FileObject, project: str, object_key: str) -> FileDocument:
+        fields = public.model_dump(exclude={"id", "object"})
+        return cls(_id=public.id, project=project, object_key=object_key, **fields)
+
+    def public(self) -> FileObject:
+        return FileObject.model_validate(
+            self.model_dump(exclude={"project", "object_key", "deleted", "sort_key"})
+        )

@@ -1,6 +1,33 @@
-"""One root error; each subclass carries the OpenAI error ``type`` and the HTTP status it maps to."""
+"""One root error; each subclass carries the OpenAI error ``type`` and the HTTP status it maps to.
+
+:class:`ErrorBody` is the one shape of every error body batchstream sends (OpenAI's).
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorDetail
+
+    @classmethod
+    def of(cls, message: str, type: str, param: str | None = None, code: str | None = None) -> ErrorBody:
+        return cls(error=ErrorDetail(message=message, type=type, param=param, code=code))
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump()
 
 
 class BatchstreamError(Exception):
@@ -16,15 +43,8 @@ class BatchstreamError(Exception):
         self.param = param
         self.code = code or self.default_code
 
-    def body(self) -> dict[str, dict[str, str | None]]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+    def body(self) -> ErrorBody:
+        return ErrorBody.of(self.message, self.error_type, self.param, self.code)
 
 
 class InvalidRequest(BatchstreamError):

@@ -7,6 +7,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import AutoReconnect, ServerSelectionTimeoutError
 
 from shared.settings import MongoSettings
 
@@ -52,7 +53,15 @@ class Mongo:
         await self.idempotency.create_index([("created_at_date", ASCENDING)], expireAfterSeconds=86_400)
 
     async def ping(self) -> None:
-        await self.client.admin.command("ping")
+        """Ask the server; a pooled connection found closed (the server dropped it while idle,
+        or restarted) is retried once: PyMongo has cleared the pool, so the retry opens a fresh
+        connection. Without the retry a health probe after a quiet spell flapped to 503."""
+        try:
+            await self.client.admin.command("ping")
+        except ServerSelectionTimeoutError:
+            raise  # no server to reach: down, not stale
+        except AutoReconnect:
+            await self.client.admin.command("ping")
 
     async def close(self) -> None:
         await self.client.close()

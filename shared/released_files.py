@@ -11,32 +11,22 @@ The calls are idempotent.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from pymongo.asynchronous.collection import AsyncCollection
-
-from shared.protocol.openai import TERMINAL_STATUSES
 from shared.storage import ObjectStore
+from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
 
 log = logging.getLogger(__name__)
 
 
-async def purge_if_released(
-    files: AsyncCollection[dict[str, Any]],
-    batches: AsyncCollection[dict[str, Any]],
-    store: ObjectStore,
-    file_id: str,
-) -> bool:
+async def purge_if_released(files: FileStore, batches: BatchStore, store: ObjectStore, file_id: str) -> bool:
     """Remove a hidden (deleted) file unless an unfinished batch reads it; True when removed."""
     if not file_id:
         return False
-    doc = await files.find_one({"_id": file_id, "deleted": True}, {"object_key": 1})
-    if doc is None:
+    doc = await files.hidden(file_id)
+    if doc is None or await batches.reads_file(file_id):
         return False
-    reader = {"input_file_id": file_id, "status": {"$nin": list(TERMINAL_STATUSES)}}
-    if await batches.count_documents(reader, limit=1):
-        return False
-    await store.delete(str(doc["object_key"]))
-    await files.delete_one({"_id": file_id, "deleted": True})
+    await store.delete(doc.object_key)
+    await files.remove_hidden(file_id)
     log.info("deleted file removed", extra={"file_id": file_id})
     return True

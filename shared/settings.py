@@ -111,6 +111,12 @@ class ApiSettings(BaseSettings):
     create_dedupe_window_s: float = 60.0
     """Identical creates (same project, same body) without an ``Idempotency-Key`` within this many
     seconds return the first batch."""
+    process_attempts: int = Field(default=3, ge=1)
+    """Tries to validate and emit one batch per start (backoff from ``process_retry_wait_s``)."""
+    process_retry_wait_s: float = Field(default=1.0, ge=0)
+    """First wait between those tries, in seconds (exponential, with jitter)."""
+    process_max_starts: int = Field(default=5, ge=1)
+    """Starts (api restarts included) before a batch that never gets through ends ``failed``."""
 
     def project_by_key(self) -> dict[str, str]:
         """Map each configured key to its project (``default`` unless named)."""

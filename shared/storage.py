@@ -6,8 +6,11 @@ Bodies stream in both directions: uploads read from a file object in parts, down
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
+import os
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
 
 import urllib3
@@ -18,6 +21,31 @@ from shared.settings import StorageSettings
 
 PART_SIZE = 16 * 1024 * 1024
 READ_CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What an upload stored: its size and the checksum of its bytes (``sha256:<hex>``)."""
+
+    size: int
+    checksum: str
+
+
+class HashingReader:
+    """A readable file object that hashes the bytes as the uploader reads them (no second read)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._hash = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self._hash.update(data)
+        return data
+
+    @property
+    def checksum(self) -> str:
+        return f"sha256:{self._hash.hexdigest()}"
 
 
 class ObjectNotFound(Exception):
@@ -68,23 +96,34 @@ class ObjectStore:
         """Close the pooled connections (on stop)."""
         self._http.clear()
 
-    async def put_stream(self, key: str, stream: IO[bytes], length: int = -1) -> int:
-        """Upload from a readable file object in parts; returns the byte count stored."""
+    async def put_stream(self, key: str, stream: IO[bytes], length: int = -1) -> StoredObject:
+        """Upload from a readable file object in parts, hashing as it goes."""
 
-        def put() -> int:
-            data = cast(BinaryIO, stream)
-            self.client.put_object(self.bucket, key, data, length=length, part_size=PART_SIZE)
-            return int(self.client.stat_object(self.bucket, key).size or 0)
+        def put() -> StoredObject:
+            reader = HashingReader(stream)
+            self.client.put_object(
+                self.bucket, key, cast(BinaryIO, reader), length=length, part_size=PART_SIZE
+            )
+            size = int(self.client.stat_object(self.bucket, key).size or 0)
+            return StoredObject(size, reader.checksum)
 
         return await asyncio.to_thread(put)
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(self.client.put_object, self.bucket, key, io.BytesIO(data), len(data))
 
-    async def put_file(self, key: str, path: str) -> int:
-        def put() -> int:
-            self.client.fput_object(self.bucket, key, path, part_size=PART_SIZE)
-            return int(self.client.stat_object(self.bucket, key).size or 0)
+    async def put_file(self, key: str, path: str) -> StoredObject:
+        """Upload a local file in parts, hashing it as it is read for the upload."""
+
+        def put() -> StoredObject:
+            with open(path, "rb") as handle:
+                reader = HashingReader(handle)
+                length = os.fstat(handle.fileno()).st_size
+                self.client.put_object(
+                    self.bucket, key, cast(BinaryIO, reader), length=length, part_size=PART_SIZE
+                )
+            size = int(self.client.stat_object(self.bucket, key).size or 0)
+            return StoredObject(size, reader.checksum)
 
         return await asyncio.to_thread(put)
 

@@ -9,14 +9,10 @@ from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
-from services.aggregator.closing import overdue_query
-from shared.protocol.openai import TERMINAL_STATUSES
+from shared import lifecycle
+from shared.stores.batches import BatchStore, BatchSummary
 
 log = logging.getLogger(__name__)
-
-# Statuses in which results are expected and the total is final.
-RUNNING_STATUSES = frozenset({"in_progress", "finalizing", "cancelling"})
-PROJECTION = {"status": 1, "request_counts.total": 1, "project": 1, "expires_at": 1}
 
 
 @dataclass(frozen=True)
@@ -29,30 +25,23 @@ class BatchInfo:
 
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
+        return self.status in lifecycle.TERMINAL
 
     @property
     def settled(self) -> bool:
         """True when the cached copy can be trusted (total known, or the batch is over)."""
-        return self.terminal or (self.status in RUNNING_STATUSES and self.total > 0)
+        return self.terminal or (self.status in lifecycle.RUNNING and self.total > 0)
 
     @classmethod
-    def from_document(cls, doc: dict[str, Any]) -> BatchInfo:
-        counts = doc.get("request_counts") or {}
-        return cls(
-            batch_id=doc["_id"],
-            status=str(doc.get("status", "")),
-            total=int(counts.get("total") or 0),
-            project=str(doc.get("project") or "default"),
-            expires_at=doc.get("expires_at"),
-        )
+    def from_summary(cls, summary: BatchSummary) -> BatchInfo:
+        return cls(summary.batch_id, summary.status, summary.total, summary.project, summary.expires_at)
 
 
 class BatchDirectory:
     """An LRU cache of ``BatchInfo`` in front of the ``batches`` collection."""
 
     def __init__(self, batches: AsyncCollection[dict[str, Any]], max_entries: int = 10_000) -> None:
-        self._batches = batches
+        self._batches = BatchStore(batches)
         self._max = max_entries
         self._cache: OrderedDict[str, BatchInfo] = OrderedDict()
 
@@ -64,18 +53,17 @@ class BatchDirectory:
         return await self.refresh(batch_id)
 
     async def refresh(self, batch_id: str) -> BatchInfo | None:
-        doc = await self._batches.find_one({"_id": batch_id}, PROJECTION)
-        if doc is None:
+        summary = await self._batches.summary(batch_id)
+        if summary is None:
             self._cache.pop(batch_id, None)
             return None
-        info = BatchInfo.from_document(doc)
+        info = BatchInfo.from_summary(summary)
         self._put(info)
         return info
 
     async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
         """Ids of batches that must end now although lines may lack results (see closing.py)."""
-        cursor = self._batches.find(overdue_query(now, cancel_timeout_s), {"_id": 1}).limit(limit)
-        return [str(doc["_id"]) async for doc in cursor]
+        return await self._batches.overdue(now, cancel_timeout_s, limit)
 
     def cached(self, batch_id: str) -> BatchInfo | None:
         return self._cache.get(batch_id)

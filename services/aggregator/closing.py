@@ -1,6 +1,7 @@
 """Ending a batch before every line has a result: expiry and the cancel timeout.
 
-``close_reason`` decides from the batch document alone whether a batch is overdue. The finalizer
+``close_reason`` decides from the batch document alone whether a batch is overdue (the batch
+store's ``overdue`` query is its filter form, for the sweep). The finalizer
 then writes one error line per line still without a result (``batch_expired`` or
 ``batch_cancelled``) by streaming the input file from object storage, and merges those lines
 after the result chunks, so a real result always wins over a fill line for the same number.
@@ -18,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared import lifecycle
 from shared.result_chunks import Record, compact_json
 from shared.seen_lines import SeenLines
 
 log = logging.getLogger(__name__)
-
-EXPIRABLE_STATUSES = ("validating", "in_progress", "finalizing")
 MESSAGES = {
     "batch_expired": "This request was not run: the batch expired before it could be processed.",
     "batch_cancelled": "This request was not run: the batch was cancelled.",
@@ -32,7 +32,7 @@ MESSAGES = {
 
 @dataclass(frozen=True)
 class CloseReason:
-    status: str  # the terminal status: "expired" or "cancelled"
+    status: lifecycle.BatchStatus  # the terminal status: "expired" or "cancelled"
     code: str  # the error code of every line without a result
 
 
@@ -49,19 +49,9 @@ def close_reason(doc: dict[str, Any], now: float, cancel_timeout_s: float) -> Cl
             return CANCELLED
         return None
     expires_at = doc.get("expires_at")
-    if status in EXPIRABLE_STATUSES and expires_at is not None and expires_at <= now:
+    if status in lifecycle.EXPIRABLE and expires_at is not None and expires_at <= now:
         return EXPIRED
     return None
-
-
-def overdue_query(now: float, cancel_timeout_s: float) -> dict[str, Any]:
-    """Batch documents :func:`close_reason` would close (the sweep's MongoDB filter)."""
-    return {
-        "$or": [
-            {"status": {"$in": list(EXPIRABLE_STATUSES)}, "expires_at": {"$lte": now}},
-            {"status": "cancelling", "cancelling_at": {"$lte": now - cancel_timeout_s}},
-        ]
-    }
 
 
 def fill_request_id(batch_id: str, line: int) -> str:
@@ -74,7 +64,7 @@ def fill_record(batch_id: str, line: int, raw: bytes, code: str) -> bytes:
     try:
         item = json.loads(raw)
         custom_id = item.get("custom_id") if isinstance(item, dict) else None
-    except ValueError:
+    except Exception:  # any line the parser cannot take (RecursionError too) has no custom_id
         custom_id = None
     payload = {
         "id": fill_request_id(batch_id, line),

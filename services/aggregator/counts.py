@@ -17,20 +17,18 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
 from services.aggregator import metrics
 from services.aggregator.state import BatchState
+from shared.stores.batches import BatchStore, LiveCounts
 
 log = logging.getLogger(__name__)
-
-LIVE_STATUSES = ["in_progress", "cancelling"]
 
 
 class CountsFlusher:
     def __init__(self, batches: AsyncCollection[dict[str, Any]], states: Mapping[str, Any]) -> None:
-        self._batches = batches
+        self._batches = BatchStore(batches)
         self._states = states
         self._dirty: set[str] = set()
         self._lock = asyncio.Lock()
@@ -49,29 +47,20 @@ class CountsFlusher:
 
     async def _flush(self) -> int:
         dirty, self._dirty = self._dirty, set()
-        updates = [u for u in (self._update(b) for b in sorted(dirty)) if u is not None]
-        if not updates:
+        counts = {b: c for b in sorted(dirty) if (c := self._counts(b)) is not None}
+        if not counts:
             return 0
         try:
-            await self._batches.bulk_write(updates, ordered=False)
+            written = await self._batches.live_counts(counts)
         except Exception:
             self._dirty |= dirty  # try again at the next flush
             raise
-        metrics.COUNT_UPDATES.inc(len(updates))
-        return len(updates)
+        metrics.COUNT_UPDATES.inc(written)
+        return written
 
-    def _update(self, batch_id: str) -> UpdateOne | None:
+    def _counts(self, batch_id: str) -> LiveCounts | None:
         raw = self._states.get(batch_id)
         if raw is None:  # finalized and forgotten meanwhile
             return None
         state = BatchState.from_dict(raw)
-        return UpdateOne(
-            {"_id": batch_id, "status": {"$in": LIVE_STATUSES}},
-            {
-                "$set": {
-                    "request_counts.completed": state.completed,
-                    "request_counts.failed": state.failed,
-                    "usage": state.usage_document(),
-                }
-            },
-        )
+        return LiveCounts(state.completed, state.failed, state.usage_document())

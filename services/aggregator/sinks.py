@@ -22,21 +22,22 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 
 from services.aggregator import metrics
-from services.aggregator.batches import RUNNING_STATUSES, BatchDirectory
+from services.aggregator.batches import BatchDirectory
 from services.aggregator.chunks import encode_chunk, merge_and_split
 from services.aggregator.closing import close_reason, write_fill
 from services.aggregator.state import BatchState, SeenLines
-from shared.documents import file_document
+from shared import lifecycle
+from shared.documents import FileDocument
 from shared.protocol.messages import ResultMessage
-from shared.protocol.openai import TERMINAL_STATUSES, FileObject
+from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
 from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
+from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
 
 log = logging.getLogger(__name__)
 
 Document = dict[str, Any]
-# Statuses a batch can be finalized from; RUNNING_STATUSES also have a final total.
-OPEN_STATUSES = ["validating", *sorted(RUNNING_STATUSES)]
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,8 @@ class Finalizer:
         download_concurrency: int = 16,
         cancel_timeout_s: float = 60.0,
     ) -> None:
-        self._batches = batches
-        self._files = files
+        self._batches = BatchStore(batches)
+        self._files = FileStore(files)
         self._store = store
         self._states = states
         self._directory = directory
@@ -108,35 +109,33 @@ class Finalizer:
         out); lines still without a result then get a ``batch_expired``/``batch_cancelled``
         error line.
         """
-        doc = await self._batches.find_one({"_id": batch_id})
-        if doc is None:
+        batch = await self._batches.get(batch_id)
+        if batch is None:
             log.warning("finalize: no batch document", extra={"batch_id": batch_id})
             return None
-        status = str(doc.get("status"))
-        input_file_id = str(doc.get("input_file_id") or "")
-        if status in TERMINAL_STATUSES:
+        status = batch.status
+        input_file_id = batch.input_file_id
+        if status in lifecycle.TERMINAL:
             await self.cleanup(batch_id, status, input_file_id)
             return status
-        total = int((doc.get("request_counts") or {}).get("total") or 0)
+        total = batch.request_counts.total
         state = BatchState.from_dict(self._states.get(batch_id))
-        complete = status in RUNNING_STATUSES and 0 < total <= state.done
-        reason = None if complete else close_reason(doc, time.time(), self._cancel_timeout_s)
+        complete = status in lifecycle.RUNNING and 0 < total <= state.done
+        reason = None if complete else close_reason(batch.model_dump(), time.time(), self._cancel_timeout_s)
         if not complete and reason is None:
             return None
         started = time.monotonic()
+        final: lifecycle.BatchStatus
         if reason is not None:
             final = reason.status
         else:
             final = "cancelled" if status == "cancelling" else "completed"
         if complete and status == "in_progress":
-            await self._batches.update_one(
-                {"_id": batch_id, "status": "in_progress"},
-                {"$set": {"status": "finalizing", "finalizing_at": int(time.time())}},
-            )
+            await self._batches.finalizing(batch_id)
         fill = None
         if reason is not None and total > 0:
             fill = Fill(reason.code, input_file_id, state.seen)
-        update = await self._write_files(batch_id, str(doc.get("project") or "default"), fill)
+        update = await self._write_files(batch_id, batch.project, fill)
         counts = update["request_counts"]
         counts["total"] = total
         if fill is not None and counts["completed"] + counts["failed"] != total:
@@ -145,11 +144,8 @@ class Finalizer:
                 extra={"batch_id": batch_id, "total": total, "files": dict(counts)},
             )
             counts["failed"] = max(total - counts["completed"], 0)  # keep the counts whole
-        update.update(status=final, usage=state.usage_document(), **{f"{final}_at": int(time.time())})
-        await self._batches.update_one(
-            {"_id": batch_id, "status": {"$in": OPEN_STATUSES}},
-            {"$set": update},
-        )
+        update["usage"] = state.usage_document()
+        await self._batches.finish(batch_id, final, **update)
         if state.completed != counts["completed"]:
             log.warning(
                 "finalize: file counts differ from live counts",
@@ -193,13 +189,13 @@ class Finalizer:
 
     async def _write_fill(self, batch_id: str, fill: Fill, work: Path) -> Path | None:
         """Error lines for the lines without a result, streamed from the input file."""
-        file_doc = await self._files.find_one({"_id": fill.input_file_id}, {"object_key": 1})
-        if file_doc is None or not file_doc.get("object_key"):
+        file_doc = await self._files.get(fill.input_file_id)
+        if file_doc is None or not file_doc.object_key:
             log.warning("finalize: input file gone", extra={"batch_id": batch_id})
             return None
         path = work / "fill.chunk"
         try:
-            lines = self._store.iter_lines(str(file_doc["object_key"]))
+            lines = self._store.iter_lines(file_doc.object_key)
             written = await write_fill(batch_id, lines, fill.seen, fill.code, path)
         except ObjectNotFound:
             log.warning("finalize: input object gone", extra={"batch_id": batch_id})
@@ -224,21 +220,15 @@ class Finalizer:
         """Upload one file and upsert its document; the same id and key on every re-run."""
         file_id = output_file_id(batch_id, kind)
         key = file_key(file_id)
-        size = await self._store.put_file(key, str(path))
+        stored = await self._store.put_file(key, str(path))
         public = FileObject(
             id=file_id,
-            bytes=size,
+            bytes=stored.size,
+            checksum=stored.checksum,
             created_at=int(time.time()),
             filename=f"{batch_id}_{kind}.jsonl",
             purpose="batch_output",
             status="processed",
         )
-        doc = file_document(public, project, key)
-        doc.pop("_id")
-        created_at = doc.pop("created_at")
-        await self._files.update_one(
-            {"_id": file_id},
-            {"$set": doc, "$setOnInsert": {"created_at": created_at}},
-            upsert=True,
-        )
+        await self._files.upsert(FileDocument.of(public, project, key))
         return file_id

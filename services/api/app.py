@@ -17,6 +17,7 @@ from services.api.service.batches import BatchService
 from services.api.service.emitter import RequestEmitter
 from services.api.service.files import FileService
 from services.api.service.keys import KeyRing
+from services.api.service.partial import PartialOutputService
 from shared.kafka import make_producer, wait_for_kafka
 from shared.logging import configure_logging
 from shared.mongo import Mongo
@@ -28,6 +29,10 @@ from shared.settings import (
     StorageSettings,
 )
 from shared.storage import ObjectStore
+from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
+from shared.stores.idempotency import IdempotencyStore
+from shared.stores.models import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +51,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         await mongo.ensure_indexes()
         await store.ensure_bucket()
-        file_service = FileService(mongo, store, api_settings)
+        batch_store, file_store = BatchStore(mongo.batches), FileStore(mongo.files)
+        model_store = ModelStore(mongo.models)
+        file_service = FileService(file_store, batch_store, store, api_settings)
         batch_service = BatchService(
-            mongo, store, file_service, RequestEmitter(producer, kafka_settings), api_settings
+            batch_store,
+            model_store,
+            IdempotencyStore(mongo.idempotency),
+            store,
+            file_service,
+            RequestEmitter(producer, kafka_settings),
+            api_settings,
         )
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
+        app.state.models = model_store
+        app.state.partial = PartialOutputService(batch_store, file_store, store)
         app.state.files, app.state.batches = file_service, batch_service
         app.state.keys = KeyRing(mongo, api_settings.project_by_key())
         await batch_service.recover()

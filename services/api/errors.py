@@ -13,7 +13,7 @@ from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeo
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from urllib3.exceptions import HTTPError as StorageConnectionError
 
-from shared.errors import BatchstreamError, DependencyUnavailable
+from shared.errors import BatchstreamError, DependencyUnavailable, ErrorBody
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ DEPENDENCY_TIMEOUT_S = 8.0
 
 def error_response(error: BatchstreamError) -> JSONResponse:
     headers = {"retry-after": RETRY_AFTER_S} if error.status_code == 503 else None
-    return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
+    return JSONResponse(error.body().to_json(), status_code=error.status_code, headers=headers)
 
 
 def _param(loc: tuple[str | int, ...]) -> str | None:
@@ -43,28 +43,15 @@ def install_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         param = _param(tuple(first.get("loc", ())))
         message = f"{first.get('msg', 'Invalid request')}" + (f" ({param})" if param else "")
-        body = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": param,
-                "code": "invalid_value" if first.get("type") != "missing" else "missing_required_parameter",
-            }
-        }
-        return JSONResponse(body, status_code=400)
+        code = "invalid_value" if first.get("type") != "missing" else "missing_required_parameter"
+        body = ErrorBody.of(message, "invalid_request_error", param, code)
+        return JSONResponse(body.to_json(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else None
-        body = {
-            "error": {
-                "message": str(exc.detail),
-                "type": "invalid_request_error",
-                "param": None,
-                "code": code,
-            }
-        }
-        return JSONResponse(body, status_code=exc.status_code)
+        body = ErrorBody.of(str(exc.detail), "invalid_request_error", None, code)
+        return JSONResponse(body.to_json(), status_code=exc.status_code)
 
     @app.exception_handler(ConnectionFailure)
     @app.exception_handler(ServerSelectionTimeoutError)

@@ -19,8 +19,9 @@ class BatchCreateParams(SamplingDefaults):
 
     model_config = ConfigDict(extra="ignore")
     input_file_id: str
-    endpoint: str
-    completion_window: str
+    # Optional with these defaults, as in the batch API batchstream replaces (OpenAI requires both).
+    endpoint: str = "/v1/chat/completions"
+    completion_window: str = "24h"
     metadata: Any = None
     output_expires_after: ExpiresAfter | None = None
 

@@ -17,8 +17,8 @@ from openai import OpenAI
 from openai.types import Batch
 
 from services.client.connection import connect
+from shared.lifecycle import TERMINAL
 from shared.protocol.messages import SamplingDefaults
-from shared.protocol.openai import TERMINAL_STATUSES
 
 # The exit status of `batchstream submit` and `batchstream batches wait`, by the batch's outcome.
 EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "expired": 3, "cancelled": 4}
@@ -64,7 +64,7 @@ def wait(
     while True:
         if on_progress:
             on_progress(current)
-        if current.status in TERMINAL_STATUSES:
+        if current.status in TERMINAL:
             return current
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"batch {current.id} still {current.status} after {timeout_s:g}s")

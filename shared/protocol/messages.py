@@ -8,19 +8,30 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION: Literal[1] = 1
 
 
 class SamplingDefaults(BaseModel):
-    """Batch-level defaults; a field set in a request body wins over these."""
+    """Batch-level defaults; a field set in a request body wins over these.
 
-    max_decoding_length: int | None = None
-    max_context_length: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    The one definition of these five fields: the create parameters, the Batch object and the
+    request message all use it, so their types and ranges are checked once (a 400 at create).
+    """
+
+    max_decoding_length: int | None = Field(default=None, ge=1, strict=True)
+    max_context_length: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
+    top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
+    top_k: int | None = Field(default=None, strict=True, description="-1 (no limit) or >= 1.")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("top_k must be -1 (no limit) or at least 1")
+        return value
 
 
 class RequestMessage(BaseModel):

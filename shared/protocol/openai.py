@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
-BatchStatus = Literal[
-    "validating",
-    "failed",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "expired",
-    "cancelling",
-    "cancelled",
-]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
+from shared.lifecycle import BatchStatus
+from shared.protocol.messages import SamplingDefaults
+
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-SUPPORTED_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
 
 
 class FileObject(BaseModel):
@@ -31,6 +23,8 @@ class FileObject(BaseModel):
     status: Literal["uploaded", "processed", "error"] = "processed"
     expires_at: int | None = None
     status_details: str | None = None
+    # From the batch API batchstream replaces: "sha256:<hex>" of the stored bytes.
+    checksum: str | None = None
 
 
 class FileDeleted(BaseModel):
@@ -73,7 +67,10 @@ class BatchUsage(BaseModel):
     total_tokens: int = 0
 
 
-class Batch(BaseModel):
+class Batch(SamplingDefaults):
+    """A batch; batchstream's batch-level sampling defaults (``SamplingDefaults``) are echoed as
+    given at create (null when unset)."""
+
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str
@@ -96,12 +93,10 @@ class Batch(BaseModel):
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
     usage: BatchUsage = Field(default_factory=BatchUsage)
-    # batchstream's batch-level sampling defaults, echoed as given at create (null when unset).
-    max_decoding_length: int | None = None
-    max_context_length: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    # From the batch API batchstream replaces: when lines started (= in_progress_at) and the
+    # failure's details (= the first of errors.data).
+    started_at: int | None = None
+    error: BatchError | None = None
 
 
 class ModelCard(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
@@ -61,5 +62,17 @@ async def delete_file(project: Project, files: Files, file_id: str) -> FileDelet
     responses={**streamed("application/octet-stream", "The file's bytes."), **errors(404)},
 )
 async def file_content(project: Project, files: Files, file_id: str) -> StreamingResponse:
-    chunks = await opened(await files.content(project, file_id))
-    return StreamingResponse(chunks, media_type="application/octet-stream")
+    doc, chunks = await files.content(project, file_id)
+    headers = {"content-disposition": attachment(doc.filename)}
+    return StreamingResponse(await opened(chunks), media_type="application/octet-stream", headers=headers)
+
+
+def attachment(filename: str) -> str:
+    """``Content-Disposition`` for a download (RFC 6266): a quoted ASCII ``filename`` (quotes,
+    backslashes, control and non-ASCII characters replaced) and, when the name is not plain
+    ASCII, the exact name as ``filename*=UTF-8''<percent-encoded>`` (RFC 8187)."""
+    fallback = "".join(c if 0x20 <= ord(c) < 0x7F and c not in '"\\' else "_" for c in filename)
+    header = f'attachment; filename="{fallback or "download"}"'
+    if fallback != filename:
+        header += f"; filename*=UTF-8''{quote(filename, safe='')}"
+    return header

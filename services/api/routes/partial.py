@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 
 def _partial(request: Request) -> PartialOutputService:
-    return PartialOutputService(request.app.state.mongo, request.app.state.store)
+    return request.app.state.partial  # type: ignore[no-any-return]
 
 
 Partial = Annotated[PartialOutputService, Depends(_partial)]

@@ -7,30 +7,40 @@ import logging
 import time
 from typing import Any
 
-from pymongo import DESCENDING
+import urllib3
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from pymongo.errors import ConnectionFailure
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
 from services.api.schemas import BatchCreateParams
 from services.api.service.emitter import RequestEmitter
 from services.api.service.files import FileService, page
 from services.api.service.idempotency import CreateDeduplicator
+from services.api.service.spool import LineSpool
 from services.api.service.validation import InputValidator
 from shared import ids
-from shared.documents import batch_from_document, sort_key
+from shared.documents import BatchDocument, FileDocument, sort_key
 from shared.errors import Conflict, InvalidRequest, NotFound
-from shared.mongo import Mongo
+from shared.lifecycle import TERMINAL
 from shared.protocol.messages import ControlMessage
-from shared.protocol.openai import (
-    SUPPORTED_ENDPOINTS,
-    TERMINAL_STATUSES,
-    Batch,
-    BatchErrors,
-    ListObject,
-)
+from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
 from shared.storage import ObjectStore
+from shared.stores.batches import BatchStore
+from shared.stores.idempotency import IdempotencyStore
+from shared.stores.models import ModelStore
 
 log = logging.getLogger(__name__)
+
+# Outages: retried, then left for the next start (never the batch's fault, never its failure).
+DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionFailure,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    urllib3.exceptions.HTTPError,
+    ConnectionError,
+)
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -62,18 +72,21 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
 class BatchService:
     def __init__(
         self,
-        mongo: Mongo,
+        batches: BatchStore,
+        models: ModelStore,
+        claims: IdempotencyStore,
         store: ObjectStore,
         files: FileService,
         emitter: RequestEmitter,
         settings: ApiSettings,
     ) -> None:
-        self.mongo = mongo
+        self.batches = batches
+        self.models = models
         self.store = store
         self.files = files
         self.emitter = emitter
         self.settings = settings
-        self.dedupe = CreateDeduplicator(mongo, settings.create_dedupe_window_s)
+        self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def create(
@@ -92,9 +105,9 @@ class BatchService:
             )
         metadata = check_metadata(params.metadata)
         input_file = await self.files.document(project, params.input_file_id)
-        if input_file["purpose"] != "batch":
+        if input_file.purpose != "batch":
             raise InvalidRequest(
-                f"File {params.input_file_id} has purpose {input_file['purpose']!r}, not 'batch'.",
+                f"File {params.input_file_id} has purpose {input_file.purpose!r}, not 'batch'.",
                 param="input_file_id",
                 code="invalid_value",
             )
@@ -104,157 +117,170 @@ class BatchService:
             log.info("deduplicated a repeated create", extra={"batch_id": earlier})
             return await self.get(project, earlier)
         now = int(time.time())
-        doc: dict[str, Any] = {
-            "_id": batch_id,
-            "project": project,
-            "endpoint": params.endpoint,
-            "model": None,
-            "errors": None,
-            "input_file_id": params.input_file_id,
-            "completion_window": params.completion_window,
-            "status": "validating",
-            "created_at": now,
-            "sort_key": sort_key(),
-            "expires_at": now + window,
-            "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": metadata,
-            "defaults": params.defaults().model_dump(),
-            "output_expires_after": (
+        batch = BatchDocument(
+            _id=batch_id,
+            project=project,
+            endpoint=params.endpoint,
+            input_file_id=params.input_file_id,
+            completion_window=params.completion_window,
+            status="validating",
+            created_at=now,
+            sort_key=sort_key(),
+            expires_at=now + window,
+            metadata=metadata,
+            defaults=params.defaults(),
+            output_expires_after=(
                 params.output_expires_after.model_dump() if params.output_expires_after else None
             ),
-            "emitted": False,
-        }
-        await self.mongo.batches.insert_one(doc)
-        self.start_processing(doc["_id"])
-        return batch_from_document(doc)
+        )
+        await self.batches.insert(batch)
+        self.start_processing(batch, input_file)
+        return batch.public()
 
-    async def document(self, project: str, batch_id: str) -> dict[str, Any]:
-        doc = await self.mongo.batches.find_one({"_id": batch_id, "project": project})
-        if doc is None:
+    async def document(self, project: str, batch_id: str) -> BatchDocument:
+        batch = await self.batches.get(batch_id, project)
+        if batch is None:
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
-        return doc
+        return batch
 
     async def get(self, project: str, batch_id: str) -> Batch:
-        return batch_from_document(await self.document(project, batch_id))
+        return (await self.document(project, batch_id)).public()
 
     async def list_page(self, project: str, after: str | None, limit: int) -> ListObject:
-        query: dict[str, Any] = {"project": project}
-        if after:
-            anchor = await self.document(project, after)
-            query["sort_key"] = {"$lt": anchor.get("sort_key", 0)}
-        cursor = self.mongo.batches.find(query).sort([("sort_key", DESCENDING), ("_id", DESCENDING)])
-        docs = await cursor.limit(limit + 1).to_list()
-        return page([batch_from_document(d) for d in docs], limit)
+        anchor = (await self.document(project, after)).sort_key if after else None
+        docs = await self.batches.page(project, anchor, limit + 1)
+        return page([d.public() for d in docs], limit)
 
     async def cancel(self, project: str, batch_id: str) -> Batch:
-        doc = await self.document(project, batch_id)
-        if doc["status"] in TERMINAL_STATUSES:
+        batch = await self.document(project, batch_id)
+        if batch.status in TERMINAL:
             raise Conflict(
-                f"Cannot cancel a batch with status {doc['status']!r}.",
+                f"Cannot cancel a batch with status {batch.status!r}.",
                 code="batch_not_cancellable",
             )
-        if doc["status"] not in {"cancelling", "cancelled"}:
-            await self.mongo.batches.update_one(
-                {"_id": batch_id, "status": {"$nin": list(TERMINAL_STATUSES)}},
-                {"$set": {"status": "cancelling", "cancelling_at": int(time.time())}},
-            )
-            await self.emitter.announce(
-                ControlMessage(batch_id=batch_id, model=doc.get("model"), cancelled=True)
-            )
+        if batch.status != "cancelling":
+            await self.batches.request_cancel(batch_id)
+            await self.emitter.announce(ControlMessage(batch_id=batch_id, model=batch.model, cancelled=True))
         return await self.get(project, batch_id)
 
     # Background work: validation and emission run after the create call has answered.
 
-    def start_processing(self, batch_id: str) -> None:
-        task = asyncio.create_task(self._process(batch_id), name=f"process-{batch_id}")
+    def start_processing(self, batch: BatchDocument, input_file: FileDocument | None = None) -> None:
+        task = asyncio.create_task(self._process(batch, input_file), name=f"process-{batch.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def recover(self) -> None:
         """Resume batches a previous api process left validating or half emitted."""
-        query = {"$or": [{"status": "validating"}, {"status": "in_progress", "emitted": False}]}
-        async for doc in self.mongo.batches.find(query, {"_id": 1}):
-            log.info("resuming batch", extra={"batch_id": doc["_id"]})
-            self.start_processing(doc["_id"])
+        for batch in await self.batches.unfinished_work():
+            log.info("resuming batch", extra={"batch_id": batch.id})
+            self.start_processing(batch)
 
     async def shutdown(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _process(self, batch_id: str) -> None:
+    async def _process(self, batch: BatchDocument, input_file: FileDocument | None) -> None:
+        """Validate and emit one batch; whatever goes wrong stays with this batch.
+
+        An error is retried ``process_attempts`` times with backoff; then an outage of a
+        dependency leaves the batch for the next start, and any other error ends it ``failed``
+        with the error named. Starts are counted in the batch document, so a batch that brings
+        the process down (or never finishes) ends ``failed`` after ``process_max_starts``.
+        """
         try:
-            doc = await self.mongo.batches.find_one({"_id": batch_id})
-            if doc is None:
+            starts = await self.batches.count_attempt(batch.id)
+            if starts > self.settings.process_max_starts:
+                await self._give_up(batch, f"its processing was started {starts - 1} times and never ended")
                 return
-            if doc["status"] == "validating" and not await self._validate(doc):
-                return
-            doc = await self.mongo.batches.find_one({"_id": batch_id})
-            if doc is None or doc["status"] != "in_progress" or doc.get("emitted"):
-                return
-            key = (await self.mongo.files.find_one({"_id": doc["input_file_id"]}) or {})["object_key"]
-            await self.emitter.emit(doc, self.store.iter_lines(key))
-            await self.mongo.batches.update_one({"_id": batch_id}, {"$set": {"emitted": True}})
+            wait_s = self.settings.process_retry_wait_s
+            retrying = AsyncRetrying(
+                stop=stop_after_attempt(self.settings.process_attempts),
+                wait=wait_exponential_jitter(multiplier=wait_s, max=30, jitter=wait_s),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        batch, input_file = await self._reload(batch), None
+                    await self._process_once(batch, input_file)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("processing a batch failed; it resumes on restart", extra={"batch_id": batch_id})
+        except DEPENDENCY_ERRORS:
+            log.exception(
+                "a dependency is unavailable; the batch resumes on restart", extra={"batch_id": batch.id}
+            )
+        except Exception as exc:
+            log.exception("processing a batch failed; the batch fails", extra={"batch_id": batch.id})
+            await self._give_up(batch, f"{type(exc).__name__}: {exc}")
 
-    async def _validate(self, doc: dict[str, Any]) -> bool:
-        """Validate the input file; move the batch to in_progress or failed. True when valid."""
-        file_doc = await self.mongo.files.find_one({"_id": doc["input_file_id"]})
-        now = int(time.time())
-        if file_doc is None:
-            await self._fail(doc, [{"code": "invalid_request", "message": "The input file was deleted."}])
-            return False
-        known = {
-            m["_id"]: m.get("max_context_length")
-            async for m in self.mongo.models.find({}, {"_id": 1, "max_context_length": 1})
-        }
+    async def _reload(self, batch: BatchDocument) -> BatchDocument:
+        return await self.batches.get(batch.id) or batch
+
+    async def _process_once(self, batch: BatchDocument, input_file: FileDocument | None) -> None:
+        if input_file is None:
+            input_file = await self.files.documents.get(batch.input_file_id)
+        with LineSpool() as spool:
+            lines = None
+            if batch.status == "validating":
+                started = await self._validate(batch, input_file, spool)
+                if started is None:
+                    return
+                batch, lines = started, spool.lines()  # emit what validation read
+            if batch.status != "in_progress" or batch.emitted or input_file is None:
+                return
+            await self.emitter.emit(batch, lines or self.store.iter_lines(input_file.object_key))
+        await self.batches.mark_emitted(batch.id)
+
+    async def _give_up(self, batch: BatchDocument, reason: str) -> None:
+        """End a batch that cannot be processed: ``failed``, saying why; its lines already sent
+        are not run (the workers learn it from a cancel on the control topic)."""
+        error = BatchError(code="processing_failed", message=f"The batch could not be processed: {reason}")
+        current = await self._reload(batch)
+        if current.status in TERMINAL:
+            return
+        await self._fail(current, [error])
+        if current.model is not None:
+            await self.emitter.announce(
+                ControlMessage(batch_id=batch.id, model=current.model, cancelled=True)
+            )
+
+    async def _validate(
+        self, batch: BatchDocument, input_file: FileDocument | None, spool: LineSpool
+    ) -> BatchDocument | None:
+        """Validate the input file; move the batch to in_progress (returned) or failed (None)."""
+        if input_file is None:
+            await self._fail(
+                batch, [BatchError(code="invalid_request", message="The input file was deleted.")]
+            )
+            return None
         validator = InputValidator(
-            endpoint=doc["endpoint"],
-            known_models=known,
+            endpoint=batch.endpoint,
+            known_models=await self.models.context_lengths(),
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
         )
-        report = await validator.run(self.store.iter_lines(file_doc["object_key"]))
+        report = await validator.run(spool.tee(self.store.iter_lines(input_file.object_key)))
         if not report.ok:
-            await self._fail(doc, [e.model_dump() for e in report.errors])
+            await self._fail(batch, report.errors)
             log.info(
                 "batch failed validation",
-                extra={"batch_id": doc["_id"], "errors": report.error_count},
+                extra={"batch_id": batch.id, "errors": report.error_count},
             )
-            return False
-        await self.mongo.batches.update_one(
-            {"_id": doc["_id"], "status": "validating"},
-            {
-                "$set": {
-                    "status": "in_progress",
-                    "in_progress_at": now,
-                    "model": report.model,
-                    "request_counts.total": report.lines,
-                }
-            },
-        )
+            return None
+        if not await self.batches.start(batch.id, report.model, report.lines):
+            return None  # cancelled (or ended) meanwhile
         await self.emitter.announce(
             ControlMessage(
-                batch_id=doc["_id"],
+                batch_id=batch.id,
                 model=report.model,
                 total=report.lines,
-                expires_at=doc["expires_at"],
+                expires_at=batch.expires_at,
             )
         )
-        return True
+        return batch.model_copy(update={"status": "in_progress", "model": report.model})
 
-    async def _fail(self, doc: dict[str, Any], errors: list[dict[str, Any]]) -> None:
-        await self.mongo.batches.update_one(
-            {"_id": doc["_id"]},
-            {
-                "$set": {
-                    "status": "failed",
-                    "failed_at": int(time.time()),
-                    "errors": BatchErrors.model_validate({"data": errors}).model_dump(),
-                }
-            },
-        )
-        await purge_if_released(self.mongo.files, self.mongo.batches, self.store, doc["input_file_id"])
+    async def _fail(self, batch: BatchDocument, errors: list[BatchError]) -> None:
+        await self.batches.fail(batch.id, errors)
+        await purge_if_released(self.files.documents, self.batches, self.store, batch.input_file_id)

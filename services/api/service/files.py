@@ -6,24 +6,26 @@ import time
 from collections.abc import AsyncIterator
 from typing import IO, Any
 
-from pymongo import ASCENDING, DESCENDING
-
 from shared import ids
-from shared.documents import file_document, file_from_document
+from shared.documents import FileDocument
 from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
-from shared.mongo import Mongo
 from shared.protocol.openai import FileObject, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
 from shared.storage import ObjectStore, file_key
+from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
 
 PURPOSES = {"batch", "batch_output", "user_data", "fine-tune", "assistants", "vision", "evals"}
 MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 2_592_000
 
 
 class FileService:
-    def __init__(self, mongo: Mongo, store: ObjectStore, settings: ApiSettings) -> None:
-        self.mongo = mongo
+    def __init__(
+        self, documents: FileStore, batches: BatchStore, store: ObjectStore, settings: ApiSettings
+    ) -> None:
+        self.documents = documents
+        self.batches = batches
         self.store = store
         self.settings = settings
 
@@ -43,14 +45,15 @@ class FileService:
         stored = await self.store.put_stream(key, stream, size if size is not None else -1)
         public = FileObject(
             id=file_id,
-            bytes=stored,
+            bytes=stored.size,
+            checksum=stored.checksum,
             created_at=now,
             filename=filename,
             purpose=purpose,
             status="processed",
             expires_at=now + expires_after_seconds if expires_after_seconds else None,
         )
-        await self.mongo.files.insert_one(file_document(public, project, key))
+        await self.documents.insert(FileDocument.of(public, project, key))
         return public
 
     def _check_upload(self, filename: str, purpose: str, size: int | None, expires_after: int | None) -> None:
@@ -76,33 +79,22 @@ class FileService:
                 code="invalid_value",
             )
 
-    async def document(self, project: str, file_id: str) -> dict[str, Any]:
+    async def document(self, project: str, file_id: str) -> FileDocument:
         """The file's document, as its project sees it: deleted or expired files are not found."""
-        doc = await self.mongo.files.find_one({"_id": file_id, "project": project, "deleted": {"$ne": True}})
-        if doc is None or (doc.get("expires_at") and doc["expires_at"] <= time.time()):
+        doc = await self.documents.visible(project, file_id)
+        if doc is None:
             raise NotFound(f"No such File object: {file_id}", param="file_id")
         return doc
 
     async def get(self, project: str, file_id: str) -> FileObject:
-        return file_from_document(await self.document(project, file_id))
+        return (await self.document(project, file_id)).public()
 
     async def list_page(
         self, project: str, purpose: str | None, limit: int, order: str, after: str | None
     ) -> ListObject:
-        query: dict[str, Any] = {
-            "project": project,
-            "deleted": {"$ne": True},
-            "$and": [{"$or": [{"expires_at": None}, {"expires_at": {"$gt": int(time.time())}}]}],
-        }
-        if purpose:
-            query["purpose"] = purpose
-        direction = DESCENDING if order == "desc" else ASCENDING
-        if after:
-            anchor = await self.document(project, after)
-            query["sort_key"] = {"$lt" if order == "desc" else "$gt": anchor.get("sort_key", 0)}
-        cursor = self.mongo.files.find(query).sort([("sort_key", direction), ("_id", direction)])
-        docs = await cursor.limit(limit + 1).to_list()
-        return page([file_from_document(d) for d in docs], limit)
+        anchor = (await self.document(project, after)).sort_key if after else None
+        docs = await self.documents.page(project, purpose, limit + 1, order == "desc", anchor)
+        return page([d.public() for d in docs], limit)
 
     async def delete(self, project: str, file_id: str) -> None:
         """Delete a file; one a running batch still reads is hidden now and its bytes kept.
@@ -114,12 +106,13 @@ class FileService:
         await self.document(project, file_id)  # 404 unless this project sees the file
         # Hidden first, then removed unless an unfinished batch reads it. Whichever comes last,
         # this or the end of that batch, removes it: the same check runs on both sides.
-        await self.mongo.files.update_one({"_id": file_id}, {"$set": {"deleted": True}})
-        await purge_if_released(self.mongo.files, self.mongo.batches, self.store, file_id)
+        await self.documents.hide(file_id)
+        await purge_if_released(self.documents, self.batches, self.store, file_id)
 
-    async def content(self, project: str, file_id: str) -> AsyncIterator[bytes]:
+    async def content(self, project: str, file_id: str) -> tuple[FileDocument, AsyncIterator[bytes]]:
+        """The file's document (404 before any byte is sent) and its bytes."""
         doc = await self.document(project, file_id)
-        return self.store.iter_chunks(doc["object_key"])
+        return doc, self.store.iter_chunks(doc.object_key)
 
 
 def page(items: list[Any], limit: int) -> ListObject:

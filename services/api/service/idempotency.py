@@ -12,13 +12,11 @@ import asyncio
 import hashlib
 import json
 import time
-from datetime import UTC, datetime
 from typing import Any
 
-from pymongo.errors import DuplicateKeyError
-
 from shared.errors import InvalidRequest
-from shared.mongo import Mongo
+from shared.stores.batches import BatchStore
+from shared.stores.idempotency import Claim, IdempotencyStore
 
 KEY_TTL_S = 86_400
 WAIT_FOR_WINNER_S = 5.0
@@ -29,8 +27,9 @@ def fingerprint(params: dict[str, Any]) -> str:
 
 
 class CreateDeduplicator:
-    def __init__(self, mongo: Mongo, window_s: float) -> None:
-        self.mongo = mongo
+    def __init__(self, claims: IdempotencyStore, batches: BatchStore, window_s: float) -> None:
+        self.claims = claims
+        self.batches = batches
         self.window_s = window_s
 
     async def claim(
@@ -40,39 +39,29 @@ class CreateDeduplicator:
         digest = fingerprint(params)
         explicit = bool(idempotency_key)
         slot = f"{project}:key:{idempotency_key}" if explicit else f"{project}:body:{digest}"
-        now = time.time()
-        claim = {
-            "_id": slot,
-            "batch_id": batch_id,
-            "fingerprint": digest,
-            "created_at": now,
-            "created_at_date": datetime.now(UTC),
-        }
-        try:
-            await self.mongo.idempotency.insert_one(claim)
+        claim = Claim(slot=slot, batch_id=batch_id, fingerprint=digest, created_at=time.time())
+        if await self.claims.claim(claim):
             return None
-        except DuplicateKeyError:
-            pass
-        held = await self.mongo.idempotency.find_one({"_id": slot})
+        held = await self.claims.held(slot)
         if held is None:
             return await self.claim(project, params, idempotency_key, batch_id)
-        fresh = now - held["created_at"] < (KEY_TTL_S if explicit else self.window_s)
+        fresh = claim.created_at - held.created_at < (KEY_TTL_S if explicit else self.window_s)
         if not fresh:
-            await self.mongo.idempotency.replace_one({"_id": slot, "created_at": held["created_at"]}, claim)
+            await self.claims.take_over(held, claim)
             return None
-        if explicit and held["fingerprint"] != digest:
+        if explicit and held.fingerprint != digest:
             raise InvalidRequest(
                 "This Idempotency-Key was already used with different parameters.",
                 param="Idempotency-Key",
                 code="idempotency_key_reused",
             )
-        await self._wait_for_batch(held["batch_id"])
-        return str(held["batch_id"])
+        await self._wait_for_batch(held.batch_id)
+        return held.batch_id
 
     async def _wait_for_batch(self, batch_id: str) -> None:
         """The winner writes its batch right after claiming; wait for it to appear."""
         deadline = time.monotonic() + WAIT_FOR_WINNER_S
-        while await self.mongo.batches.count_documents({"_id": batch_id}, limit=1) == 0:
+        while not await self.batches.exists(batch_id):
             if time.monotonic() > deadline:
                 return
             await asyncio.sleep(0.05)

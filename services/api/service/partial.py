@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Literal
 
+from shared.documents import BatchDocument
 from shared.errors import NotFound
-from shared.mongo import Mongo
-from shared.protocol.openai import TERMINAL_STATUSES
+from shared.lifecycle import TERMINAL
 from shared.result_chunks import parse_record
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectNotFound, ObjectStore, result_chunk_prefix
+from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +30,26 @@ Kind = Literal["output", "error"]
 
 
 class PartialOutputService:
-    def __init__(self, mongo: Mongo, store: ObjectStore) -> None:
-        self.mongo = mongo
+    def __init__(self, batches: BatchStore, files: FileStore, store: ObjectStore) -> None:
+        self.batches = batches
+        self.files = files
         self.store = store
 
     async def open(self, project: str, batch_id: str, kind: Kind) -> AsyncIterator[bytes]:
         """Look the batch up (404 before any byte is sent), then return the byte stream."""
-        doc = await self.mongo.batches.find_one(
-            {"_id": batch_id, "project": project},
-            {"status": 1, "output_file_id": 1, "error_file_id": 1},
-        )
-        if doc is None:
+        batch = await self.batches.get(batch_id, project)
+        if batch is None:
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
-        if doc.get("status") in TERMINAL_STATUSES:
-            return self._final_file(doc, kind)
+        if batch.status in TERMINAL:
+            return self._final_file(batch, kind)
         return self._chunks(batch_id, kind)
 
-    async def _final_file(self, doc: dict[str, Any], kind: Kind) -> AsyncIterator[bytes]:
-        file_id = doc.get(f"{kind}_file_id")
-        file_doc = await self.mongo.files.find_one({"_id": file_id}) if file_id else None
+    async def _final_file(self, batch: BatchDocument, kind: Kind) -> AsyncIterator[bytes]:
+        file_id = batch.output_file_id if kind == "output" else batch.error_file_id
+        file_doc = await self.files.get(file_id) if file_id else None
         if file_doc is None:
             return
-        async for chunk in self.store.iter_chunks(str(file_doc["object_key"])):
+        async for chunk in self.store.iter_chunks(file_doc.object_key):
             yield chunk
 
     async def _chunks(self, batch_id: str, kind: Kind) -> AsyncIterator[bytes]:

@@ -11,13 +11,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.protocol.openai import BatchError
+from pydantic import ValidationError
 
-_BODY_FIELDS_BY_ENDPOINT: dict[str, str] = {
-    "/v1/chat/completions": "messages",
-    "/v1/completions": "prompt",
-    "/v1/embeddings": "input",
-}
+from shared.protocol.batch_input import BODY_BY_ENDPOINT
+from shared.protocol.openai import BatchError
 
 
 @dataclass
@@ -69,7 +66,7 @@ class InputValidator:
     def _check_line(self, number: int, raw: bytes) -> None:
         try:
             item = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except Exception:  # not only decoding errors: a deep nesting raises RecursionError
             self._error(number, "invalid_json_line", "This line is not valid JSON.")
             return
         if not isinstance(item, dict):
@@ -143,12 +140,13 @@ class InputValidator:
             )
 
     def _check_body_shape(self, number: int, body: dict[str, Any]) -> None:
-        """The fields an endpoint cannot run without, with the types it needs."""
-        required = _BODY_FIELDS_BY_ENDPOINT.get(self.endpoint)
-        if required is None:
+        """The body the endpoint needs (its typed model, chosen by the batch's url): the field it
+        reads and the positive counts; one error per bad field, the field it reads first."""
+        shape = BODY_BY_ENDPOINT.get(self.endpoint)  # type: ignore[call-overload]
+        if shape is None:
             return
-        value = body.get(required)
-        if value is None:
+        model, required = shape
+        if body.get(required) is None:
             self._error(
                 number,
                 "invalid_request",
@@ -156,22 +154,14 @@ class InputValidator:
                 f"body.{required}",
             )
             return
-        valid = (
-            isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
-            if required == "messages"
-            else isinstance(value, str | list) and bool(value)
-        )
-        if not valid:
-            expected = (
-                "a non-empty list of message objects" if required == "messages" else "a string or a list"
-            )
-            self._error(number, "invalid_request", f"body.{required} must be {expected}.", f"body.{required}")
-        for name in ("max_tokens", "max_completion_tokens", "n"):
-            limit = body.get(name)
-            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-                self._error(
-                    number, "invalid_request", f"body.{name} must be a positive integer.", f"body.{name}"
-                )
+        try:
+            model.model_validate(body)
+        except ValidationError as exc:
+            fields: dict[str, str] = {}
+            for error in exc.errors():
+                fields.setdefault(str(error["loc"][0]), error["msg"])
+            for name in sorted(fields, key=lambda n: n != required):
+                self._error(number, "invalid_request", f"body.{name}: {fields[name]}.", f"body.{name}")
 
     def _check_token_limit(self, number: int, body: dict[str, Any], context: int | None) -> None:
         requested = body.get("max_completion_tokens") or body.get("max_tokens")

@@ -1,0 +1,54 @@
+"""Batch input lines, typed: the envelope and the request body each endpoint needs, chosen by
+``url`` as vLLM's ``run_batch.py`` does.
+
+The bodies state only what a line cannot run without (the field the endpoint reads and the
+positive counts); every other field is kept as written and reaches the engine unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.protocol.openai import Endpoint
+
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+NonEmptyText = Annotated[str, Field(min_length=1)]
+NonEmptyList = Annotated[list[Any], Field(min_length=1)]
+
+
+class BatchRequestInput(BaseModel):
+    """One line of a batch input file (as vLLM's ``run_batch.BatchRequestInput``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    custom_id: str
+    method: Literal["POST"] = "POST"
+    url: Endpoint
+    body: dict[str, Any]
+
+
+class RequestBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    n: PositiveInt | None = None
+
+
+class ChatCompletionBody(RequestBody):
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+
+
+class CompletionBody(RequestBody):
+    prompt: NonEmptyText | NonEmptyList
+
+
+class EmbeddingBody(RequestBody):
+    input: NonEmptyText | NonEmptyList
+
+
+BODY_BY_ENDPOINT: dict[Endpoint, tuple[type[RequestBody], str]] = {
+    "/v1/chat/completions": (ChatCompletionBody, "messages"),
+    "/v1/completions": (CompletionBody, "prompt"),
+    "/v1/embeddings": (EmbeddingBody, "input"),
+}

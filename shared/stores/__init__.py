@@ -1,0 +1,1 @@
+"""The stores: one owner per stored collection, with named operations over typed documents."""

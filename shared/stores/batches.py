@@ -1,0 +1,207 @@
+"""The ``batches`` collection: every read and write of a batch document goes through here.
+
+Status changes are named operations (start, fail, request_cancel, finalizing, finish) guarded by
+the lifecycle: each is one conditional update on the statuses the move may start from
+(:func:`shared.lifecycle.sources`), so a racing writer can never move a batch that already left
+them, and each returns whether it moved the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pymongo import DESCENDING, UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+
+from shared import lifecycle
+from shared.documents import BatchDocument
+from shared.lifecycle import BatchStatus
+from shared.protocol.openai import BatchError, BatchErrors
+
+Document = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    """A batch's counts so far, as the aggregator flushes them."""
+
+    completed: int
+    failed: int
+    usage: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """The few fields the aggregator needs on its hot path (a projected read)."""
+
+    batch_id: str
+    status: str
+    total: int
+    project: str
+    expires_at: int | None
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class BatchStore:
+    def __init__(self, collection: AsyncCollection[Document]) -> None:
+        self._batches = collection
+
+    # ---------------------------------------------------------------- reads
+
+    async def insert(self, batch: BatchDocument) -> None:
+        await self._batches.insert_one(batch.to_mongo())
+
+    async def get(self, batch_id: str, project: str | None = None) -> BatchDocument | None:
+        """The batch, or None; with ``project``, only when that project owns it."""
+        query: Document = {"_id": batch_id}
+        if project is not None:
+            query["project"] = project
+        doc = await self._batches.find_one(query)
+        return BatchDocument.model_validate(doc) if doc is not None else None
+
+    async def exists(self, batch_id: str) -> bool:
+        return bool(await self._batches.count_documents({"_id": batch_id}, limit=1))
+
+    async def summary(self, batch_id: str) -> BatchSummary | None:
+        projection = {"status": 1, "request_counts.total": 1, "project": 1, "expires_at": 1}
+        doc = await self._batches.find_one({"_id": batch_id}, projection)
+        if doc is None:
+            return None
+        return BatchSummary(
+            batch_id=str(doc["_id"]),
+            status=str(doc.get("status", "")),
+            total=int((doc.get("request_counts") or {}).get("total") or 0),
+            project=str(doc.get("project") or "default"),
+            expires_at=doc.get("expires_at"),
+        )
+
+    async def page(self, project: str, before_sort_key: int | None, limit: int) -> list[BatchDocument]:
+        """Up to ``limit`` of the project's batches, newest first, older than the anchor if given."""
+        query: Document = {"project": project}
+        if before_sort_key is not None:
+            query["sort_key"] = {"$lt": before_sort_key}
+        cursor = self._batches.find(query).sort([("sort_key", DESCENDING), ("_id", DESCENDING)])
+        return [BatchDocument.model_validate(d) for d in await cursor.limit(limit).to_list()]
+
+    async def unfinished_work(self) -> list[BatchDocument]:
+        """Batches an api process left validating or half emitted (resumed on start)."""
+        query = {"$or": [{"status": "validating"}, {"status": "in_progress", "emitted": False}]}
+        return [BatchDocument.model_validate(d) async for d in self._batches.find(query)]
+
+    async def reads_file(self, file_id: str) -> bool:
+        """True when a batch that is not over yet reads ``file_id`` as its input."""
+        query = {"input_file_id": file_id, "status": {"$in": sorted(lifecycle.OPEN)}}
+        return bool(await self._batches.count_documents(query, limit=1))
+
+    async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
+        """Ids of batches that must end now although lines may lack results (expiry sweep).
+
+        The filter form of ``services/aggregator/closing.close_reason``.
+        """
+        query = {
+            "$or": [
+                {"status": {"$in": sorted(lifecycle.EXPIRABLE)}, "expires_at": {"$lte": now}},
+                {"status": "cancelling", "cancelling_at": {"$lte": now - cancel_timeout_s}},
+            ]
+        }
+        cursor = self._batches.find(query, {"_id": 1}).limit(limit)
+        return [str(doc["_id"]) async for doc in cursor]
+
+    async def in_progress_ids(self) -> list[str]:
+        return [str(d["_id"]) async for d in self._batches.find({"status": "in_progress"}, {"_id": 1})]
+
+    # ---------------------------------------------------------------- transitions
+
+    async def _move(self, batch_id: str, target: BatchStatus, fields: Document | None = None) -> bool:
+        update = {"status": target, f"{target}_at": _now(), **(fields or {})}
+        guard = {"_id": batch_id, "status": {"$in": sorted(lifecycle.sources(target))}}
+        result = await self._batches.update_one(guard, {"$set": update})
+        return result.modified_count > 0
+
+    async def start(self, batch_id: str, model: str | None, total: int) -> bool:
+        """validating -> in_progress, with the model and the number of request lines."""
+        return await self._move(batch_id, "in_progress", {"model": model, "request_counts.total": total})
+
+    async def fail(self, batch_id: str, errors: Iterable[BatchError]) -> bool:
+        """-> failed, with the errors that say why."""
+        listed = BatchErrors(data=list(errors)).model_dump()
+        return await self._move(batch_id, "failed", {"errors": listed})
+
+    async def request_cancel(self, batch_id: str) -> bool:
+        """-> cancelling (the aggregator ends it ``cancelled``)."""
+        return await self._move(batch_id, "cancelling")
+
+    async def finalizing(self, batch_id: str) -> bool:
+        """in_progress -> finalizing: every line has a result; the files are being written."""
+        return await self._move(batch_id, "finalizing")
+
+    async def finish(
+        self,
+        batch_id: str,
+        status: BatchStatus,
+        *,
+        output_file_id: str | None,
+        error_file_id: str | None,
+        request_counts: Mapping[str, int],
+        usage: Mapping[str, Any],
+    ) -> bool:
+        """-> a terminal status, with the output and error files and the final counts."""
+        if status not in lifecycle.TERMINAL:
+            raise lifecycle.TransitionRefused(f"finish needs a terminal status, not {status!r}")
+        fields = {
+            "output_file_id": output_file_id,
+            "error_file_id": error_file_id,
+            "request_counts": dict(request_counts),
+            "usage": dict(usage),
+        }
+        return await self._move(batch_id, status, fields)
+
+    # ---------------------------------------------------------------- other writes
+
+    async def mark_emitted(self, batch_id: str) -> None:
+        await self._batches.update_one({"_id": batch_id}, {"$set": {"emitted": True}})
+
+    async def count_attempt(self, batch_id: str) -> int:
+        """Count one more processing attempt; returns the attempts so far, this one included."""
+        doc = await self._batches.find_one_and_update(
+            {"_id": batch_id}, {"$inc": {"attempts": 1}}, projection={"attempts": 1}, return_document=True
+        )
+        return int((doc or {}).get("attempts") or 0)
+
+    async def live_counts(self, counts: Mapping[str, LiveCounts]) -> int:
+        """Write the counts so far of many batches in one bulk request; returns the batches sent.
+
+        Absolute values (``$set``), so a flush repeated after a crash is harmless; only batches
+        still counting are written (a finished batch keeps its final counts).
+        """
+        if not counts:
+            return 0
+        guard = sorted(lifecycle.COUNTING)
+        updates = [
+            UpdateOne(
+                {"_id": batch_id, "status": {"$in": guard}},
+                {
+                    "$set": {
+                        "request_counts.completed": c.completed,
+                        "request_counts.failed": c.failed,
+                        "usage": dict(c.usage),
+                    }
+                },
+            )
+            for batch_id, c in counts.items()
+        ]
+        await self._batches.bulk_write(updates, ordered=False)
+        return len(updates)
+
+    async def requeue(self, batch_id: str) -> None:
+        """Run an in_progress batch again from the start (the broker lost its messages)."""
+        await self._batches.update_one(
+            {"_id": batch_id, "status": "in_progress"},
+            {"$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0}},
+        )

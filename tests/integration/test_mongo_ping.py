@@ -1,0 +1,75 @@
+"""The health probe's MongoDB ping does not flap on a stale pooled connection.
+
+Seen: after a quiet spell the first ``GET /health`` answered 503 "mongodb unavailable"
+("connection is already closed") while MongoDB was up. Reproduced here by restarting a private
+MongoDB-wire server on the same port: every pooled connection is then dead, as after a server-side
+idle close, and the first ping must still succeed (it retries once on a fresh connection).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.mongo import Mongo
+from shared.settings import MongoSettings
+from tests.integration.waiting import wait_until
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class PrivateMongo:
+    def __init__(self, port: int, path: Path) -> None:
+        self.port, self.path = port, path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        server = os.path.join(os.path.dirname(sys.executable), "secantusd-py")
+        command = [server, "--host", "127.0.0.1", "--port", str(self.port), "--storage-path", str(self.path)]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: _answers(self.port), 30, "the private MongoDB")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def private_mongo(tmp_path: Path) -> Iterator[PrivateMongo]:
+    server = PrivateMongo(_free_port(), tmp_path / "mongo")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_the_first_ping_after_the_pool_went_stale_succeeds(private_mongo: PrivateMongo) -> None:
+    mongo = Mongo(MongoSettings(uri=f"mongodb://127.0.0.1:{private_mongo.port}/?directConnection=true"))
+    try:
+        await mongo.ping()
+        private_mongo.stop()  # every pooled connection dies with the server...
+        private_mongo.start()  # ...which is up again before the next probe
+        await mongo.ping()
+        await mongo.ping()
+    finally:
+        await mongo.close()

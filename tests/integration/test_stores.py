@@ -1,0 +1,175 @@
+"""The batch and file stores against the MongoDB-wire stand-in (SecantusDB).
+
+Each status change is a conditional update guarded by the lifecycle: these tests check that a
+move from an allowed status lands, that a racing writer cannot move a terminal batch, and that the
+reads the api and the aggregator make (project scope, paging, overdue, files a batch reads) hold.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from deploy.local.stack import Stack
+from shared.documents import BatchDocument, FileDocument
+from shared.mongo import Mongo
+from shared.protocol.openai import BatchError, FileObject
+from shared.settings import MongoSettings
+from shared.stores.batches import BatchStore, LiveCounts
+from shared.stores.files import FileStore
+
+
+@pytest.fixture(scope="module")
+async def mongo(stand_ins: Stack) -> AsyncIterator[Mongo]:
+    database = f"stores_{uuid.uuid4().hex[:8]}"
+    db = Mongo(MongoSettings(uri=stand_ins.env()["BATCHSTREAM_MONGO_URI"], database=database))
+    yield db
+    await db.client.drop_database(database)
+    await db.close()
+
+
+@pytest.fixture
+def batches(mongo: Mongo) -> BatchStore:
+    return BatchStore(mongo.batches)
+
+
+@pytest.fixture
+def files(mongo: Mongo) -> FileStore:
+    return FileStore(mongo.files)
+
+
+async def new_batch(store: BatchStore, project: str = "p", **fields: object) -> BatchDocument:
+    now = int(time.time())
+    values: dict[str, object] = {
+        "_id": f"batch_{uuid.uuid4().hex[:24]}",
+        "project": project,
+        "endpoint": "/v1/chat/completions",
+        "input_file_id": "file-in",
+        "status": "validating",
+        "created_at": now,
+        "expires_at": now + 86400,
+        "sort_key": time.time_ns(),
+    }
+    values.update(fields)
+    batch = BatchDocument.model_validate(values)
+    await store.insert(batch)
+    return batch
+
+
+async def test_a_batch_runs_through_its_lifecycle(batches: BatchStore) -> None:
+    batch = await new_batch(batches)
+    assert await batches.start(batch.id, "m", 3)
+    assert await batches.live_counts({batch.id: LiveCounts(2, 1, {"total_tokens": 7})}) == 1
+    assert await batches.finalizing(batch.id)
+    ended = await batches.finish(
+        batch.id,
+        "completed",
+        output_file_id="file-out",
+        error_file_id="file-err",
+        request_counts={"total": 3, "completed": 2, "failed": 1},
+        usage={"total_tokens": 7},
+    )
+    assert ended
+    stored = await batches.get(batch.id)
+    assert stored is not None
+    assert stored.status == "completed" and stored.model == "m"
+    assert stored.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
+    assert stored.in_progress_at and stored.finalizing_at and stored.completed_at
+    public = stored.public()
+    assert public.id == batch.id and public.output_file_id == "file-out"
+
+
+async def test_a_terminal_batch_cannot_be_moved(batches: BatchStore) -> None:
+    batch = await new_batch(batches)
+    assert await batches.fail(batch.id, [BatchError(code="empty_file", message="empty")])
+    assert not await batches.start(batch.id, "m", 3)  # a late validator loses
+    assert not await batches.request_cancel(batch.id)
+    assert not await batches.finalizing(batch.id)
+    done = {"output_file_id": None, "error_file_id": None, "request_counts": {}, "usage": {}}
+    assert not await batches.finish(batch.id, "expired", **done)
+    assert await batches.live_counts({batch.id: LiveCounts(5, 0, {})}) == 1  # sent, but not applied
+    stored = await batches.get(batch.id)
+    assert stored is not None and stored.status == "failed"
+    assert stored.errors is not None and stored.errors.data[0].code == "empty_file"
+    assert stored.request_counts.completed == 0
+
+
+async def test_a_cancel_moves_an_open_batch_once(batches: BatchStore) -> None:
+    batch = await new_batch(batches)
+    assert await batches.start(batch.id, "m", 2)
+    assert await batches.request_cancel(batch.id)
+    assert not await batches.request_cancel(batch.id)  # already cancelling
+    assert not await batches.finalizing(batch.id)  # finalizing only from in_progress
+    done = {"output_file_id": None, "error_file_id": None, "request_counts": {"total": 2}, "usage": {}}
+    assert await batches.finish(batch.id, "cancelled", **done)
+    stored = await batches.get(batch.id)
+    assert stored is not None and stored.status == "cancelled" and stored.cancelling_at
+
+
+async def test_reads_are_scoped_to_the_project_and_page_newest_first(batches: BatchStore) -> None:
+    project = f"proj-{uuid.uuid4().hex[:6]}"
+    made = [await new_batch(batches, project) for _ in range(3)]
+    other = await new_batch(batches, "someone-else")
+    assert await batches.get(other.id, project) is None
+    assert await batches.get(made[0].id, project) is not None
+    first = await batches.page(project, None, 2)
+    assert [b.id for b in first] == [made[2].id, made[1].id]
+    rest = await batches.page(project, first[-1].sort_key, 2)
+    assert [b.id for b in rest] == [made[0].id]
+
+
+async def test_overdue_finds_expired_and_stuck_cancels(batches: BatchStore) -> None:
+    now = time.time()
+    expired = await new_batch(batches, status="in_progress", expires_at=int(now) - 1)
+    running = await new_batch(batches, status="in_progress")
+    cancelling = await new_batch(batches, status="cancelling", cancelling_at=int(now) - 120)
+    done = await new_batch(batches, status="completed", expires_at=int(now) - 1)
+    found = set(await batches.overdue(now, 60, 1000))
+    assert {expired.id, cancelling.id} <= found
+    assert not {running.id, done.id} & found
+
+
+async def test_requeue_and_unfinished_work(batches: BatchStore) -> None:
+    batch = await new_batch(batches, status="in_progress", emitted=True)
+    await batches.live_counts({batch.id: LiveCounts(4, 1, {})})
+    assert batch.id in await batches.in_progress_ids()
+    await batches.requeue(batch.id)
+    stored = await batches.get(batch.id)
+    assert stored is not None and not stored.emitted and stored.request_counts.completed == 0
+    assert batch.id in {b.id for b in await batches.unfinished_work()}
+    await batches.mark_emitted(batch.id)
+    assert batch.id not in {b.id for b in await batches.unfinished_work()}
+    assert await batches.count_attempt(batch.id) == 1
+    assert await batches.count_attempt(batch.id) == 2
+
+
+async def test_files_visibility_and_the_batches_that_read_them(files: FileStore, batches: BatchStore) -> None:
+    file_id = f"file-{uuid.uuid4().hex[:24]}"
+    public = FileObject(
+        id=file_id, bytes=3, created_at=int(time.time()), filename="in.jsonl", purpose="batch"
+    )
+    await files.insert(FileDocument.of(public, "p", f"files/{file_id}"))
+    assert (await files.visible("p", file_id)) is not None
+    assert await files.visible("q", file_id) is None
+    reader = await new_batch(batches, input_file_id=file_id)
+    assert await batches.reads_file(file_id)
+    await files.hide(file_id)
+    assert await files.visible("p", file_id) is None
+    assert (await files.hidden(file_id)) is not None
+    await batches.fail(reader.id, [])
+    assert not await batches.reads_file(file_id)
+    await files.remove_hidden(file_id)
+    assert await files.get(file_id) is None
+
+
+async def test_an_output_file_upsert_keeps_its_first_creation_time(files: FileStore) -> None:
+    file_id = f"file-{uuid.uuid4().hex[:24]}"
+    first = FileObject(id=file_id, bytes=1, created_at=100, filename="o.jsonl", purpose="batch_output")
+    await files.upsert(FileDocument.of(first, "p", "k"))
+    again = first.model_copy(update={"bytes": 2, "created_at": 200})
+    await files.upsert(FileDocument.of(again, "p", "k"))
+    stored = await files.get(file_id)
+    assert stored is not None and stored.bytes == 2 and stored.created_at == 100
