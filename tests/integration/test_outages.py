@@ -260,12 +260,6 @@ def test_cancel_while_kafka_is_down_is_503_and_the_batch_still_ends_cancelled(
     CANCELLED.append(batch_id)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="409 today: services/api/service/batches.py counts cancelled among the states a cancel "
-    "refuses; the contract's 409 is for completed, failed or expired only, and a client that retries "
-    "a cancel after a 503 finds its batch already cancelled",
-)
 def test_cancelling_a_cancelled_batch_returns_it(api: httpx.Client) -> None:
     if not CANCELLED:
         pytest.skip("the Kafka cancel test did not run")

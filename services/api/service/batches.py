@@ -152,7 +152,11 @@ class BatchService:
         return page([d.public() for d in docs], limit)
 
     async def cancel(self, project: str, batch_id: str) -> Batch:
+        """Idempotent: a retried cancel (say after a 503) gets the batch, and announces again in
+        case the first announcement never reached Kafka; only a batch that ended otherwise is 409."""
         batch = await self.document(project, batch_id)
+        if batch.status == "cancelled":
+            return batch.public()
         if batch.status in TERMINAL:
             raise Conflict(
                 f"Cannot cancel a batch with status {batch.status!r}.",
@@ -160,7 +164,7 @@ class BatchService:
             )
         if batch.status != "cancelling":
             await self.batches.request_cancel(batch_id)
-            await self.emitter.announce(ControlMessage(batch_id=batch_id, model=batch.model, cancelled=True))
+        await self.emitter.announce(ControlMessage(batch_id=batch_id, model=batch.model, cancelled=True))
         return await self.get(project, batch_id)
 
     # Background work: validation and emission run after the create call has answered.
