@@ -87,7 +87,7 @@ class InferenceSettings(BaseSettings):
     """One worker serves one model on one engine (one GPU, or the CPU here)."""
 
     model_config = _config("INFERENCE_")
-    engine: str = "vllm"  # or "fake": InstantFakeEngine, for tests and the pipeline benchmark
+    engine: str = "vllm"  # or "fake": FakeEngine, for tests and the pipeline benchmark
     model: str = Field(default="", description="Path or name of the model vLLM loads.")
     served_model_name: str = ""
     runner: str = "generate"  # or "pooling" for an embeddings model
@@ -105,6 +105,15 @@ class InferenceSettings(BaseSettings):
     # records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines).
     fetch_max_wait_ms: int = 100
     group_id: str = ""  # default: batchstream-inference-<model>
+    # A line whose engine call fails in a way that may pass (a 5xx answer, an exception) is tried
+    # this many times in all (1: never again), waiting a random exponential backoff between.
+    engine_attempts: int = Field(default=3, ge=1)
+    engine_retry_wait_s: float = Field(default=0.2, ge=0)
+    engine_retry_max_wait_s: float = Field(default=2.0, ge=0)
+    # A result the broker refuses or does not confirm is published again this many times in all,
+    # then the worker exits without committing the line (the next owner runs it again).
+    publish_attempts: int = Field(default=5, ge=1)
+    publish_retry_max_wait_s: float = Field(default=5.0, ge=0)
 
     @property
     def model_id(self) -> str:
