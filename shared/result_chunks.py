@@ -11,7 +11,6 @@ JSON never holds a raw newline, so a record is exactly one line.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -25,8 +24,8 @@ class Record(NamedTuple):
 
 
 def encode_record(result: ResultMessage) -> bytes:
-    payload = json.dumps(result.output_line(), separators=(",", ":"), ensure_ascii=False)
-    return b"%d %d %s\n" % (result.line or 0, int(result.succeeded), payload.encode())
+    """The record of one result; its response body is spliced in as it came, never re-parsed."""
+    return b"%d %d %s\n" % (result.line or 0, int(result.succeeded), result.output_line_json())
 
 
 def encode_chunk(results: Iterable[ResultMessage]) -> bytes:
