@@ -164,6 +164,12 @@ class VllmEngine:
             request = _parse(url, body)
         except pydantic.ValidationError as exc:
             return _validation_answer(exc)
+        except (TypeError, ValueError, AttributeError) as exc:
+            # One of vLLM's model validators tripping on a wrongly typed field (e.g. ``messages``
+            # not a list raises TypeError): still the request's fault, so a 400, never a retry.
+            return error_answer(
+                f"Invalid request body: {exc}", HTTPStatus.BAD_REQUEST, err_type="Bad Request"
+            )
         if hasattr(request, "request_id"):
             request.request_id = request_id
         try:

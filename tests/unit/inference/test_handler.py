@@ -12,7 +12,7 @@ from services.inference import metrics
 from services.inference.engine import CHAT, COMPLETIONS, EMBEDDINGS, Answer, EngineUnavailable, error_answer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import EngineRetry, RequestHandler, apply_defaults, context_limit
-from shared.protocol.messages import RequestMessage, SamplingDefaults
+from shared.protocol.messages import ControlMessage, RequestMessage, SamplingDefaults
 
 NO_WAIT = EngineRetry(attempts=3, wait_s=0.0, max_wait_s=0.0)
 
@@ -178,3 +178,19 @@ async def test_fake_engine_shapes() -> None:
     assert answer.json()["object"] == "list" and len(answer.json()["data"]) == 2
     answer = await engine.run(COMPLETIONS, {"prompt": "a b c d e f"}, "r")
     assert answer.status == 400 and answer.json()["error"]["code"] == 400
+
+
+async def test_a_line_whose_batch_is_cancelled_between_tries_is_not_tried_again() -> None:
+    handler = RequestHandler(RecordingFakeEngine(), retry=NO_WAIT)
+    engine = handler.engine
+    assert isinstance(engine, RecordingFakeEngine)
+
+    async def overloaded_then_cancelled(*args: Any, **kw: Any) -> Answer:
+        engine.seen.append(args)  # type: ignore[arg-type]
+        handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
+        return error_answer("engine overloaded", 503)
+
+    engine.run = overloaded_then_cancelled  # type: ignore[method-assign]
+    result = await handler.handle(message(batch_id="b"))
+    assert len(engine.seen) == 1
+    assert result.error is not None and result.error.code == "batch_cancelled"
