@@ -87,7 +87,7 @@ class InferenceSettings(BaseSettings):
     """One worker serves one model on one engine (one GPU, or the CPU here)."""
 
     model_config = _config("INFERENCE_")
-    engine: str = "vllm"  # or "fake": FakeEngine, for tests and the pipeline benchmark
+    engine: str = "vllm"  # or "fake": InstantFakeEngine, for tests and the pipeline benchmark
     model: str = Field(default="", description="Path or name of the model vLLM loads.")
     served_model_name: str = ""
     runner: str = "generate"  # or "pooling" for an embeddings model
@@ -105,15 +105,18 @@ class InferenceSettings(BaseSettings):
     # records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines).
     fetch_max_wait_ms: int = 100
     group_id: str = ""  # default: batchstream-inference-<model>
-    # A line whose engine call fails in a way that may pass (a 5xx answer, an exception) is tried
-    # this many times in all (1: never again), waiting a random exponential backoff between.
     engine_attempts: int = Field(default=3, ge=1)
+    """Tries per line when the engine fails in a way that may pass (a 5xx answer: overloaded,
+    restarting, internal error; or an exception); 1: never again. A 4xx is never retried."""
     engine_retry_wait_s: float = Field(default=0.2, ge=0)
+    """First wait between engine tries; it doubles (random exponential backoff, with jitter)."""
     engine_retry_max_wait_s: float = Field(default=2.0, ge=0)
-    # A result the broker refuses or does not confirm is published again this many times in all,
-    # then the worker exits without committing the line (the next owner runs it again).
+    """Longest wait between engine tries."""
     publish_attempts: int = Field(default=5, ge=1)
+    """Tries per result publish the broker refuses or does not confirm; after the last, the
+    worker exits (status 1) without committing the line, and the next owner runs it again."""
     publish_retry_max_wait_s: float = Field(default=5.0, ge=0)
+    """Longest wait between publish tries (random exponential backoff from 0.2 s, with jitter)."""
 
     @property
     def model_id(self) -> str:
