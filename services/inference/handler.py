@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tenacity import (
@@ -90,6 +91,16 @@ class EngineRetry:
     attempts: int = 3
     wait_s: float = 0.2
     max_wait_s: float = 2.0
+
+    def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
+        """One line's retry loop; ``context`` names the line in the logs."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_random_exponential(multiplier=self.wait_s, max=self.max_wait_s),
+            retry=retry_if_result(lambda answer: answer.transient) | retry_if_exception(_may_pass),
+            before_sleep=partial(_log_retry, context),
+            retry_error_callback=partial(_give_up, context),
+        )
 
     @classmethod
     def from_settings(cls, settings: InferenceSettings) -> EngineRetry:
@@ -195,34 +206,7 @@ class RequestHandler:
         apply_defaults(message.url, body, message.defaults)
         limit = context_limit(body, message.defaults)
         body["model"] = self.engine.model_id
-        context = {"batch_id": message.batch_id, "custom_id": message.custom_id}
-
-        def before_sleep(state: RetryCallState) -> None:
-            outcome = state.outcome
-            failed = outcome is not None and outcome.failed
-            metrics.ENGINE_RETRIES.labels(reason="exception" if failed else "5xx").inc()
-            what = repr(outcome.exception()) if failed and outcome else f"status {_status(state)}"
-            log.warning("engine failed on a request (try %d): %s", state.attempt_number, what, extra=context)
-
-        def give_up(state: RetryCallState) -> Answer:
-            metrics.ENGINE_GAVE_UP.inc()
-            outcome = state.outcome
-            if outcome is not None and not outcome.failed:
-                return outcome.result()  # type: ignore[no-any-return]
-            log.error(
-                "engine failed on a request; giving up: %r",
-                outcome.exception() if outcome else None,
-                extra=context,
-            )
-            return error_answer("The engine failed on this request.", 500)
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.retry.attempts),
-            wait=wait_random_exponential(multiplier=self.retry.wait_s, max=self.retry.max_wait_s),
-            retry=retry_if_result(lambda answer: answer.transient) | retry_if_exception(_may_pass),
-            before_sleep=before_sleep,
-            retry_error_callback=give_up,
-        )
+        retrying = self.retry.retrying({"batch_id": message.batch_id, "custom_id": message.custom_id})
 
         async def attempt() -> Answer:
             if self.control.cancelled(message.batch_id):
@@ -239,6 +223,26 @@ class RequestHandler:
             metrics.GENERATED_TOKENS.inc(answer.usage.completion_tokens)
 
 
-def _status(state: RetryCallState) -> int | None:
+def _log_retry(context: dict[str, Any], state: RetryCallState) -> None:
     outcome = state.outcome
-    return outcome.result().status if outcome is not None and not outcome.failed else None
+    failed = outcome is not None and outcome.failed
+    metrics.ENGINE_RETRIES.labels(reason="exception" if failed else "5xx").inc()
+    if outcome is None:
+        what = "?"
+    elif failed:
+        what = repr(outcome.exception())
+    else:
+        what = f"status {outcome.result().status}"
+    log.warning("engine failed on a request (try %d): %s", state.attempt_number, what, extra=context)
+
+
+def _give_up(context: dict[str, Any], state: RetryCallState) -> Answer:
+    """After the last try: its 5xx answer, or a 500 envelope for an exception."""
+    metrics.ENGINE_GAVE_UP.inc()
+    outcome = state.outcome
+    if outcome is not None and not outcome.failed:
+        return outcome.result()  # type: ignore[no-any-return]
+    log.error(
+        "engine failed on a request; giving up: %r", outcome.exception() if outcome else None, extra=context
+    )
+    return error_answer("The engine failed on this request.", 500)
