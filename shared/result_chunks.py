@@ -35,7 +35,8 @@ def compact_json(value: Any) -> bytes:
 
 
 def encode_record(result: ResultMessage) -> bytes:
-    return Record(result.line or 0, result.succeeded, compact_json(result.output_line())).encode()
+    """The record of one result; its response body is spliced in as it came, never re-parsed."""
+    return Record(result.line or 0, result.succeeded, result.output_line_json()).encode()
 
 
 def encode_chunk(results: Iterable[ResultMessage]) -> bytes:

@@ -168,6 +168,18 @@ class InferenceSettings(BaseSettings):
     records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines)."""
     group_id: str = ""
     """Consumer group of the model's workers. Default: ``batchstream-inference-<model>``."""
+    engine_attempts: int = Field(default=3, ge=1)
+    """Tries per line when the engine fails in a way that may pass (a 5xx answer: overloaded,
+    restarting, internal error; or an exception); 1: never again. A 4xx is never retried."""
+    engine_retry_wait_s: float = Field(default=0.2, ge=0)
+    """First wait between engine tries; it doubles (random exponential backoff, with jitter)."""
+    engine_retry_max_wait_s: float = Field(default=2.0, ge=0)
+    """Longest wait between engine tries."""
+    publish_attempts: int = Field(default=5, ge=1)
+    """Tries per result publish the broker refuses or does not confirm; after the last, the
+    worker exits (status 1) without committing the line, and the next owner runs it again."""
+    publish_retry_max_wait_s: float = Field(default=5.0, ge=0)
+    """Longest wait between publish tries (random exponential backoff from 0.2 s, with jitter)."""
 
     @property
     def model_id(self) -> str:

@@ -35,7 +35,7 @@ def decode_results(values: Iterable[bytes | None]) -> dict[str, list[ResultMessa
     by_batch: dict[str, list[ResultMessage]] = defaultdict(list)
     for value in values:
         try:
-            result = ResultMessage.model_validate_json(value or b"")
+            result = ResultMessage.from_json(value or b"")  # the body stays raw JSON
         except ValidationError as exc:
             metrics.INVALID_RESULTS.labels("undecodable").inc()
             log.warning("dropping an undecodable result", extra={"error": str(exc)[:300]})

@@ -25,34 +25,19 @@ USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens"
 def usage_of(result: ResultMessage) -> dict[str, int]:
     """Token usage of a successful result, in the Batch object's ``usage`` terms.
 
-    Chat and completions report ``prompt_tokens``/``completion_tokens``, embeddings only
-    ``prompt_tokens``/``total_tokens``, the Responses API ``input_tokens``/``output_tokens``.
+    The result message carries the body's usage beside the raw body (``ResultMessage.usage``,
+    read from the body for an older message), so the body itself is never parsed here.
     """
-    if not result.succeeded or result.response is None:
+    usage = result.usage
+    if not result.succeeded or usage is None:
         return {}
-    raw = result.response.body.get("usage")
-    if not isinstance(raw, dict):
-        return {}
-    prompt = _int(raw.get("prompt_tokens", raw.get("input_tokens")))
-    completion = _int(raw.get("completion_tokens", raw.get("output_tokens")))
-    total = _int(raw.get("total_tokens")) or prompt + completion
-    prompt_details = raw.get("prompt_tokens_details") or raw.get("input_tokens_details") or {}
-    output_details = raw.get("completion_tokens_details") or raw.get("output_tokens_details") or {}
     return {
-        "input_tokens": prompt,
-        "output_tokens": completion,
-        "total_tokens": total,
-        "cached_tokens": _int(_get(prompt_details, "cached_tokens")),
-        "reasoning_tokens": _int(_get(output_details, "reasoning_tokens")),
+        "input_tokens": usage.prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
     }
-
-
-def _get(mapping: Any, key: str) -> Any:
-    return mapping.get(key) if isinstance(mapping, dict) else None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass

@@ -16,8 +16,9 @@ import sys
 
 from services.inference.consumer import FatalConsumerError, RequestConsumer
 from services.inference.control import BatchControl, ControlFollower
-from services.inference.engine import Engine, open_engine
-from services.inference.handler import RequestHandler
+from services.inference.engine import Engine
+from services.inference.engines import open_engine
+from services.inference.handler import EngineRetry, RequestHandler
 from services.inference.health import HealthServer
 from services.inference.heartbeat import heartbeat_forever
 from shared.kafka import ensure_topics, make_producer, wait_for_kafka
@@ -35,11 +36,24 @@ class Worker:
         self.inference = InferenceSettings()
         self.kafka = KafkaSettings()
         self.mongo_settings = MongoSettings()
+        self.engine: Engine | None = None
         self.consumer: RequestConsumer | None = None
-        self.health = HealthServer(self.inference.health_port, self._ready, host=self.inference.health_host)
+        self.health = HealthServer(
+            self.inference.health_port, self._ready, host=self.inference.health_host, checks=self._checks
+        )
 
     def _ready(self) -> bool:
         return self.consumer is not None and self.consumer.running
+
+    def _checks(self) -> dict[str, bool]:
+        """What ``/readyz`` requires: the engine started, the consumer running, its group joined
+        (Kafka answered the join; a member without partitions is still ready to take some)."""
+        consumer = self.consumer
+        return {
+            "engine": self.engine is not None,
+            "consumer": consumer is not None and consumer.running,
+            "group_joined": consumer is not None and consumer.joined,
+        }
 
     def request_stop(self, main: asyncio.Task[None]) -> None:
         """SIGTERM: drain a running consumer; before it runs, cancel start-up."""
@@ -58,8 +72,10 @@ class Worker:
             await wait_for_kafka(self.kafka, timeout_s=120.0)
             await ensure_topics(self.kafka, [self.inference.model_id])
             async with open_engine(self.inference) as engine:
+                self.engine = engine
                 await self._serve(engine)
         finally:
+            self.engine = None
             await self.health.stop()
 
     async def _serve(self, engine: Engine) -> None:
@@ -67,7 +83,7 @@ class Worker:
         producer = make_producer(self.kafka)
         await producer.start()
         control = BatchControl()
-        handler = RequestHandler(engine, control=control)
+        handler = RequestHandler(engine, control=control, retry=EngineRetry.from_settings(self.inference))
         follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)
         heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
         following: asyncio.Task[None] | None = None

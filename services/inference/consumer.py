@@ -2,8 +2,11 @@
 
 Each message becomes a task; when ``in_flight_limit`` tasks run, the assigned partitions are
 paused (``getmany`` keeps being called so the group stays alive) and resumed when there is room.
-A result is published, and awaited, before its offset counts as done; a partition commits only
-up to its lowest offset still in flight (see ``offsets.OffsetTracker``).
+A result is published, and its publish acknowledged by the broker, before its offset counts as
+done; a partition commits only up to its lowest offset still in flight (see
+``offsets.OffsetTracker``). A publish the broker refuses or does not confirm is tried again
+(bounded, random exponential backoff); when every try fails the worker stops without that line's
+offset committed, and whoever owns the partition next runs the line again.
 """
 
 from __future__ import annotations
@@ -18,11 +21,18 @@ import pydantic
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from services.inference import metrics
 from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
-from shared.kafka import decode, encode
+from shared.kafka import decode
 from shared.protocol.messages import RequestMessage, ResultMessage
 from shared.settings import InferenceSettings, KafkaSettings
 from shared.topics import model_slug, requests_topic, results_topic
@@ -31,7 +41,6 @@ log = logging.getLogger(__name__)
 
 COMMIT_INTERVAL_S = 0.5
 POLL_TIMEOUT_MS = 200
-PUBLISH_ATTEMPTS = 5
 
 
 class FatalConsumerError(RuntimeError):
@@ -62,6 +71,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.owner.on_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.owner.joined = True
         log.info("partitions assigned", extra={"partitions": sorted(map(str, assigned))})
 
 
@@ -78,6 +88,8 @@ class RequestConsumer:
         results_topic: str,
         in_flight_limit: int,
         drain_timeout_s: float = 30.0,
+        publish_attempts: int = 5,
+        publish_retry_max_wait_s: float = 5.0,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
@@ -86,8 +98,11 @@ class RequestConsumer:
         self.results_topic = results_topic
         self.in_flight_limit = max(1, in_flight_limit)
         self.drain_timeout_s = drain_timeout_s
+        self.publish_attempts = max(1, publish_attempts)
+        self.publish_retry_max_wait_s = publish_retry_max_wait_s
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self.running = False
+        self.joined = False  # the group was joined (Kafka answered); see /readyz
         self._stopping = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], str] = {}
         self._last_commit = 0.0
@@ -114,6 +129,8 @@ class RequestConsumer:
             results_topic=results_topic(kafka),
             in_flight_limit=inference.in_flight_limit,
             drain_timeout_s=drain_timeout_s,
+            publish_attempts=inference.publish_attempts,
+            publish_retry_max_wait_s=inference.publish_retry_max_wait_s,
         )
 
     def stop(self) -> None:
@@ -132,6 +149,7 @@ class RequestConsumer:
             await self._commit()
         finally:
             self.running = False
+            self.joined = False
             await self.consumer.stop()
         if self._fatal is not None:
             raise FatalConsumerError(str(self._fatal)) from self._fatal
@@ -177,11 +195,6 @@ class RequestConsumer:
     async def _process(self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int) -> None:
         where = f"{partition.topic}[{partition.partition}]@{record.offset}"
         result, reply_topic = await self._result_for(record, where)
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            # Cancelled (drain timeout) while an engine swallowed the cancellation: the answer
-            # is not the request's real outcome. Leave the offset for the next owner.
-            raise asyncio.CancelledError
         if result is not None:
             await self._publish(result, reply_topic or self.results_topic, where)
         self.offsets.finish(partition, record.offset, epoch)
@@ -226,22 +239,30 @@ class RequestConsumer:
         return never_ran(stub, "invalid_request", f"Invalid request message: {detail}")
 
     async def _publish(self, result: ResultMessage, topic: str, where: str) -> None:
+        """Publish and wait for the broker's acknowledgement, trying again while it fails; the
+        last failure propagates (the line's offset is then never committed by this worker)."""
         key = (result.batch_id or result.request_id).encode()
-        value = encode(result)
-        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
-            try:
-                await self.producer.send_and_wait(topic, value, key=key)
-                return
-            except KafkaError as exc:
-                log.warning(
-                    "publishing a result failed (attempt %d): %s",
-                    attempt,
-                    exc,
-                    extra={"batch_id": result.batch_id, "custom_id": result.custom_id, "at": where},
-                )
-                if attempt == PUBLISH_ATTEMPTS:
-                    raise
-                await asyncio.sleep(0.2 * 2**attempt)
+        value = result.to_json()
+        context = {"batch_id": result.batch_id, "custom_id": result.custom_id, "at": where}
+
+        def before_sleep(state: RetryCallState) -> None:
+            metrics.PUBLISH_RETRIES.inc()
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("publishing a result failed (try %d): %r", state.attempt_number, error, extra=context)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.publish_attempts),
+            wait=wait_random_exponential(multiplier=0.2, max=self.publish_retry_max_wait_s),
+            retry=retry_if_exception_type(KafkaError),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            await retrying(self.producer.send_and_wait, topic, value, key=key)
+        except KafkaError:
+            metrics.PUBLISH_FAILURES.inc()
+            log.error("publishing a result failed for good; stopping uncommitted", extra=context)
+            raise
 
     async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
         self._last_commit = time.monotonic()

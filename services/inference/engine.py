@@ -1,33 +1,84 @@
-"""The engine interface the worker runs requests through, and the OpenAI error envelope.
+"""The engine contract: what the worker asks of an engine, and the types they speak.
 
-An engine answers like vLLM's OpenAI server would: an HTTP-like status code and the exact JSON
-body (a ``chat.completion``, ``text_completion`` or embedding ``list``; or an error envelope).
-It never raises for a bad request: a client mistake is a 4xx answer, so the worker goes on.
+An engine serves one model. It answers a request like vLLM's OpenAI server would: an HTTP-like
+status code and the exact JSON body (a ``chat.completion``, ``text_completion`` or embedding
+``list``; or an error envelope), as raw JSON bytes, with the token usage beside it. It never
+raises for a bad request: a client mistake is a 4xx answer, so the worker goes on.
 
-Nothing here imports vLLM: the vLLM engine lives in ``vllm_engine`` and is imported lazily by
-``open_engine``, so tests and the pipeline benchmark run without it.
+The cancellation rule, which every engine enforces itself (``runs.RunRegistry`` does it for
+both engines), so that nobody above it has to check again:
+
+    A request that is stopped before it finishes has no answer. ``run`` never returns one for it.
+    ``abort(request_id)`` makes that request's ``run`` raise ``RequestAborted``; cancelling the
+    task that awaits ``run`` makes it raise ``asyncio.CancelledError`` (that wins when both
+    happen). vLLM's serving code turns a cancellation into a "client disconnected" error body:
+    an engine must not pass that body on as the request's answer.
+
+So the worker publishes a result only for an answer, answers ``batch_cancelled`` for a request it
+aborted because its batch was cancelled, and leaves a cancelled request (a shutdown) unpublished
+and uncommitted for the next owner.
+
+Failures that are not the request's: ``EngineUnavailable`` (the engine died; the worker exits)
+and a 5xx answer (overloaded, restarting, an internal error: may pass, so the worker retries it a
+bounded number of times). A 4xx answer is the request's own fault and is final.
+
+This module imports no engine: ``engines.open_engine`` builds one.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol, runtime_checkable
 
-from shared.settings import InferenceSettings
+import orjson
+
+from shared.protocol.messages import TokenUsage
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 GENERATE_ENDPOINTS = (CHAT, COMPLETIONS)
 
-Answer = tuple[int, dict[str, Any]]
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An engine's answer: the status, the response body as raw JSON bytes, and its usage.
+
+    The body is serialised once, by the engine, and carried as bytes to the result message and
+    the output file: nothing on the way parses it again.
+    """
+
+    status: int
+    body: bytes
+    usage: TokenUsage | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == HTTPStatus.OK
+
+    @property
+    def transient(self) -> bool:
+        """A failure that may pass (overloaded, restarting, internal error): worth a retry."""
+        return self.status >= HTTPStatus.INTERNAL_SERVER_ERROR
+
+    def json(self) -> Any:
+        """The body parsed (for tests and logs; the hot path never needs it)."""
+        return orjson.loads(self.body)
+
+    @classmethod
+    def of(cls, status: int, body: Any, usage: TokenUsage | None = None) -> Answer:
+        """An answer from a body given as Python data (serialised here, once)."""
+        return cls(int(status), orjson.dumps(body), usage)
 
 
 class EngineUnavailable(RuntimeError):
     """The engine itself died: a request's failure is not its answer. The worker stops, and the
     line, neither published nor committed, is redone by the next owner."""
+
+
+class RequestAborted(Exception):
+    """``run`` of a request stopped by ``abort(request_id)``: it has no answer."""
 
 
 @runtime_checkable
@@ -48,7 +99,9 @@ class Engine(Protocol):
     ) -> Answer:
         """Run one request; ``max_context_length`` caps prompt + output tokens for it.
 
-        Raises ``asyncio.CancelledError`` when ``abort(request_id)`` stops it.
+        Raises ``RequestAborted`` when ``abort(request_id)`` stops it and ``CancelledError``
+        when the awaiting task is cancelled (the cancellation rule above); ``EngineUnavailable``
+        when the engine died. Any other outcome is an ``Answer``.
         """
         ...
 
@@ -76,15 +129,7 @@ def error_body(
 
 
 def error_answer(message: str, status: int = HTTPStatus.BAD_REQUEST, **kw: Any) -> Answer:
-    return int(status), error_body(message, status, **kw)
-
-
-def _default_type(status: int) -> str:
-    if status == HTTPStatus.NOT_FOUND:
-        return "NotFoundError"
-    if status >= 500:
-        return "InternalServerError"
-    return "BadRequestError"
+    return Answer.of(status, error_body(message, status, **kw))
 
 
 def unsupported_endpoint(url: str, endpoints: tuple[str, ...]) -> Answer:
@@ -95,17 +140,18 @@ def unsupported_endpoint(url: str, endpoints: tuple[str, ...]) -> Answer:
     )
 
 
-@asynccontextmanager
-async def open_engine(settings: InferenceSettings) -> AsyncIterator[Engine]:
-    """The engine ``settings.engine`` names, started and owned for the block's duration."""
-    if settings.engine == "fake":
-        from services.inference.fake_engine import InstantFakeEngine
+def refuse_before_running(url: str, body: dict[str, Any], endpoints: tuple[str, ...]) -> Answer | None:
+    """The refusals every engine makes before running anything: unknown endpoint, streaming."""
+    if url not in endpoints:
+        return unsupported_endpoint(url, endpoints)
+    if body.get("stream"):
+        return error_answer("Request must not be sent in stream mode", param="stream")
+    return None
 
-        yield InstantFakeEngine(model_id=settings.model_id, max_context_length=settings.max_model_len)
-        return
-    if settings.engine != "vllm":
-        raise ValueError(f"unknown engine {settings.engine!r} (vllm | fake)")
-    from services.inference.vllm_engine import VllmEngine
 
-    async with VllmEngine(settings) as engine:
-        yield engine
+def _default_type(status: int) -> str:
+    if status == HTTPStatus.NOT_FOUND:
+        return "NotFoundError"
+    if status >= 500:
+        return "InternalServerError"
+    return "BadRequestError"

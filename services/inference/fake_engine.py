@@ -1,11 +1,15 @@
-"""InstantFakeEngine: answers at once with correctly shaped bodies. For tests and benchmarks only.
+"""FakeEngine: no model, correctly shaped answers. For tests and the pipeline benchmark only.
 
-It measures the plumbing (Kafka, handler, aggregator) without a model in the way; the bodies have
-the fields vLLM's server returns, with a fixed echo text and whitespace-split token counts.
+With ``seconds_per_token=0`` (the default) it is the "instant engine" the pipeline benchmark and the
+fake-engine stack run: it measures the plumbing (Kafka, handler, aggregator) without a model in
+the way. The bodies have the fields vLLM's server returns, with a fixed echo text and
+whitespace-split token counts. It keeps the engine contract (``engine.py``) like the vLLM engine,
+through the same ``RunRegistry``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -16,26 +20,35 @@ from services.inference.engine import (
     EMBEDDINGS,
     Answer,
     error_answer,
-    unsupported_endpoint,
+    refuse_before_running,
 )
+from services.inference.runs import RunRegistry
+from shared.protocol.messages import TokenUsage
 
 FAKE_TEXT = "ok"
 EMBEDDING_DIM = 8
+# The field each endpoint's request cannot do without (what vLLM's request models require).
+_REQUIRED = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input"}
 
 
-class InstantFakeEngine:
-    """A fake engine: no model, instant answers. Prompts over the context length still fail."""
+class FakeEngine:
+    """A fake engine: answers at once, or after ``seconds_per_token`` times the request's
+    ``max_tokens`` (so a test can have a request that runs until aborted). Prompts over the
+    context length still fail."""
 
     def __init__(
         self,
         model_id: str = "fake-model",
         max_context_length: int = 2048,
         endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS),
+        seconds_per_token: float = 0.0,
     ) -> None:
         self.model_id = model_id
         self.max_context_length = max_context_length
         self.endpoints = endpoints
+        self.seconds_per_token = seconds_per_token
         self.calls = 0
+        self._runs = RunRegistry()
 
     async def run(
         self,
@@ -46,11 +59,30 @@ class InstantFakeEngine:
         max_context_length: int | None = None,
     ) -> Answer:
         self.calls += 1
-        if url not in self.endpoints:
-            return unsupported_endpoint(url, self.endpoints)
-        if body.get("stream"):
-            return error_answer("Request must not be sent in stream mode", param="stream")
-        prompt_tokens = _count_tokens(body.get("messages") or body.get("prompt") or body.get("input"))
+        refusal = refuse_before_running(url, body, self.endpoints)
+        if refusal is not None:
+            return refusal
+        delay = self.seconds_per_token * _max_tokens(body)
+        if delay <= 0:
+            return self._answer(url, body, request_id, max_context_length)
+        return await self._runs.run(request_id, self._later(delay, url, body, request_id, max_context_length))
+
+    async def abort(self, request_id: str) -> None:
+        self._runs.abort(request_id)
+
+    async def _later(
+        self, delay: float, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
+    ) -> Answer:
+        await asyncio.sleep(delay)
+        return self._answer(url, body, request_id, max_context_length)
+
+    def _answer(
+        self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
+    ) -> Answer:
+        required = _REQUIRED[url]
+        if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
+            return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
+        prompt_tokens = _count_tokens(body[required])
         limit = min(max_context_length or self.max_context_length, self.max_context_length)
         if prompt_tokens > limit:
             return error_answer(
@@ -58,21 +90,14 @@ class InstantFakeEngine:
                 param="input_tokens",
             )
         if url == EMBEDDINGS:
-            return 200, self._embedding(body, prompt_tokens)
-        completion_tokens = 1
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+            usage = TokenUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
+            return Answer.of(200, self._embedding(body, usage), usage)
+        usage = TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=1, total_tokens=prompt_tokens + 1)
         if url == CHAT:
-            return 200, self._chat(request_id, usage)
-        return 200, self._completion(request_id, usage)
+            return Answer.of(200, self._chat(request_id, usage), usage)
+        return Answer.of(200, self._completion(request_id, usage), usage)
 
-    async def abort(self, request_id: str) -> None:
-        return None
-
-    def _chat(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+    def _chat(self, request_id: str, usage: TokenUsage) -> dict[str, Any]:
         message = {"role": "assistant", "content": FAKE_TEXT, "tool_calls": []}
         return {
             "id": f"chatcmpl-{request_id}",
@@ -80,10 +105,10 @@ class InstantFakeEngine:
             "created": int(time.time()),
             "model": self.model_id,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
-            "usage": usage,
+            "usage": _usage_body(usage),
         }
 
-    def _completion(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+    def _completion(self, request_id: str, usage: TokenUsage) -> dict[str, Any]:
         choice = {"index": 0, "text": FAKE_TEXT, "logprobs": None, "finish_reason": "stop"}
         return {
             "id": f"cmpl-{request_id}",
@@ -91,10 +116,10 @@ class InstantFakeEngine:
             "created": int(time.time()),
             "model": self.model_id,
             "choices": [choice],
-            "usage": usage,
+            "usage": _usage_body(usage),
         }
 
-    def _embedding(self, body: dict[str, Any], prompt_tokens: int) -> dict[str, Any]:
+    def _embedding(self, body: dict[str, Any], usage: TokenUsage) -> dict[str, Any]:
         inputs = body.get("input")
         count = len(inputs) if isinstance(inputs, list) and inputs else 1
         if isinstance(inputs, list) and inputs and isinstance(inputs[0], int):
@@ -106,8 +131,21 @@ class InstantFakeEngine:
             "created": int(time.time()),
             "model": self.model_id,
             "data": data,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens},
         }
+
+
+def _usage_body(usage: TokenUsage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    value = body.get("max_tokens") or body.get("max_completion_tokens") or 1
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def _count_tokens(value: Any) -> int:

@@ -1,16 +1,34 @@
-"""One request message in, one result message out: defaults, expiry, cancellation, the engine's answer."""
+"""One request message in, one result message out: defaults, expiry, cancellation, the engine's
+answer, and bounded retries of an engine failure that may pass."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from services.inference import metrics
 from services.inference.control import BatchControl
-from services.inference.engine import GENERATE_ENDPOINTS, Engine, EngineUnavailable, error_body
+from services.inference.engine import (
+    GENERATE_ENDPOINTS,
+    Answer,
+    Engine,
+    EngineUnavailable,
+    RequestAborted,
+    error_answer,
+)
 from shared.ids import new_id
 from shared.protocol.messages import (
     LineError,
@@ -19,6 +37,7 @@ from shared.protocol.messages import (
     ResultMessage,
     SamplingDefaults,
 )
+from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +82,46 @@ EXPIRED_TEXT = "This request could not be executed before the completion window 
 CANCELLED_TEXT = "This request was not executed because the batch was cancelled."
 
 
+@dataclass(frozen=True)
+class EngineRetry:
+    """How often a line is tried when the engine fails for a reason that may pass (a 5xx answer:
+    overloaded, restarting, internal error; or an exception), and how long to wait in between
+    (random exponential: ``wait_s`` doubling, at most ``max_wait_s``). A 4xx is never retried."""
+
+    attempts: int = 3
+    wait_s: float = 0.2
+    max_wait_s: float = 2.0
+
+    def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
+        """One line's retry loop; ``context`` names the line in the logs."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_random_exponential(multiplier=self.wait_s, max=self.max_wait_s),
+            retry=retry_if_result(lambda answer: answer.transient) | retry_if_exception(_may_pass),
+            before_sleep=partial(_log_retry, context),
+            retry_error_callback=partial(_give_up, context),
+        )
+
+    @classmethod
+    def from_settings(cls, settings: InferenceSettings) -> EngineRetry:
+        return cls(
+            attempts=max(1, settings.engine_attempts),
+            wait_s=settings.engine_retry_wait_s,
+            max_wait_s=settings.engine_retry_max_wait_s,
+        )
+
+
+def _may_pass(exc: BaseException) -> bool:
+    """An engine exception worth another try: not a stop, not the engine's death."""
+    return isinstance(exc, Exception) and not isinstance(exc, RequestAborted | EngineUnavailable)
+
+
 class RequestHandler:
     """Turns request messages into result messages by running them on one engine.
 
     With a ``BatchControl`` it knows which batches are cancelled: their lines are answered
-    ``batch_cancelled`` without running, and ``cancel_batch`` aborts the ones running.
+    ``batch_cancelled`` without running, and ``cancel_batch`` aborts the ones running (the
+    engine's ``run`` then raises ``RequestAborted``, see the cancellation rule in ``engine.py``).
     """
 
     def __init__(
@@ -75,10 +129,12 @@ class RequestHandler:
         engine: Engine,
         clock: Callable[[], float] = time.time,
         control: BatchControl | None = None,
+        retry: EngineRetry | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
+        self.retry = retry or EngineRetry()
         self._running: dict[str, set[str]] = {}  # batch id -> engine request ids in flight
 
     def running(self, batch_id: str) -> int:
@@ -105,8 +161,8 @@ class RequestHandler:
     async def handle(self, message: RequestMessage) -> ResultMessage:
         """Never raises for a bad request.
 
-        Raises ``CancelledError`` when the run is aborted for any reason but its batch's
-        cancellation (a shutdown): such a request has no answer and is redone elsewhere.
+        Raises ``CancelledError`` when the awaiting task is cancelled (a shutdown): such a
+        request has no answer and is redone elsewhere. ``EngineUnavailable`` passes through.
         """
         reason = self._never_run_reason(message)
         if reason is not None:
@@ -118,23 +174,21 @@ class RequestHandler:
             self._running.setdefault(batch_id, set()).add(run_id)
         metrics.STARTED.inc()
         try:
-            status, body = await self._run(message, run_id)
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if (current is not None and current.cancelling()) or not self.control.cancelled(batch_id):
-                raise
+            answer = await self._answer(message, run_id)
+        except RequestAborted:  # only cancel_batch aborts, and only a cancelled batch's lines
             metrics.REQUESTS.labels(status="batch_cancelled").inc()
             return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
         finally:
             if batch_id:
                 self._forget_run(batch_id, run_id)
-        self._count(status, body)
+        self._count(answer)
         return ResultMessage(
             request_id=message.request_id,
             custom_id=message.custom_id,
             batch_id=message.batch_id,
             line=message.line,
-            response=ResponsePayload(status_code=status, request_id=run_id, body=body),
+            usage=answer.usage,
+            response=ResponsePayload(status_code=answer.status, request_id=run_id, body=answer.body),
             error=None,
         )
 
@@ -145,26 +199,50 @@ class RequestHandler:
             if not runs:
                 del self._running[batch_id]
 
-    async def _run(self, message: RequestMessage, run_id: str) -> tuple[int, dict[str, Any]]:
+    async def _answer(self, message: RequestMessage, run_id: str) -> Answer:
+        """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
+        may pass; after the last try, its last 5xx answer (or a 500 for an exception)."""
         body = dict(message.body)
         apply_defaults(message.url, body, message.defaults)
         limit = context_limit(body, message.defaults)
         body["model"] = self.engine.model_id
-        try:
+        retrying = self.retry.retrying({"batch_id": message.batch_id, "custom_id": message.custom_id})
+
+        async def attempt() -> Answer:
+            if self.control.cancelled(message.batch_id):
+                raise RequestAborted(run_id)  # cancelled while waiting to try again
             return await self.engine.run(message.url, body, run_id, max_context_length=limit)
-        except (asyncio.CancelledError, EngineUnavailable):
-            raise
-        except Exception:
-            log.exception(
-                "engine failed on a request",
-                extra={"batch_id": message.batch_id, "custom_id": message.custom_id},
-            )
-            return 500, error_body("The engine failed on this request.", 500)
+
+        return await retrying(attempt)  # type: ignore[no-any-return]
 
     @staticmethod
-    def _count(status: int, body: dict[str, Any]) -> None:
-        metrics.REQUESTS.labels(status=str(status)).inc()
-        usage = body.get("usage") if status == 200 else None
-        if isinstance(usage, dict):
-            metrics.PROMPT_TOKENS.inc(usage.get("prompt_tokens") or 0)
-            metrics.GENERATED_TOKENS.inc(usage.get("completion_tokens") or 0)
+    def _count(answer: Answer) -> None:
+        metrics.REQUESTS.labels(status=str(answer.status)).inc()
+        if answer.ok and answer.usage is not None:
+            metrics.PROMPT_TOKENS.inc(answer.usage.prompt_tokens)
+            metrics.GENERATED_TOKENS.inc(answer.usage.completion_tokens)
+
+
+def _log_retry(context: dict[str, Any], state: RetryCallState) -> None:
+    outcome = state.outcome
+    failed = outcome is not None and outcome.failed
+    metrics.ENGINE_RETRIES.labels(reason="exception" if failed else "5xx").inc()
+    if outcome is None:
+        what = "?"
+    elif failed:
+        what = repr(outcome.exception())
+    else:
+        what = f"status {outcome.result().status}"
+    log.warning("engine failed on a request (try %d): %s", state.attempt_number, what, extra=context)
+
+
+def _give_up(context: dict[str, Any], state: RetryCallState) -> Answer:
+    """After the last try: its 5xx answer, or a 500 envelope for an exception."""
+    metrics.ENGINE_GAVE_UP.inc()
+    outcome = state.outcome
+    if outcome is not None and not outcome.failed:
+        return outcome.result()  # type: ignore[no-any-return]
+    log.error(
+        "engine failed on a request; giving up: %r", outcome.exception() if outcome else None, extra=context
+    )
+    return error_answer("The engine failed on this request.", 500)

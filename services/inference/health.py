@@ -1,4 +1,12 @@
-"""GET /health and GET /metrics on a small aiohttp server (aiohttp ships with vLLM)."""
+"""The worker's probes and metrics on a small aiohttp server (aiohttp ships with vLLM).
+
+- ``/livez``: the process is alive and its event loop answers (an answer at all is the proof);
+  a liveness probe that fails means "restart me".
+- ``/readyz``: every readiness check passes (the engine is started, the consumer runs and has
+  joined its group, so Kafka answered); 503 naming the checks that fail otherwise.
+- ``/health``: as before, 200 ``healthy`` once the engine is started and the consumer runs.
+- ``/metrics``: Prometheus.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +15,30 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+Checks = Callable[[], dict[str, bool]]
+
 
 class HealthServer:
-    """Healthy once ``ready()`` says so (engine started and consumer running)."""
+    """Healthy once ``ready()`` says so; ready (``/readyz``) once every one of ``checks()`` passes."""
 
-    def __init__(self, port: int, ready: Callable[[], bool], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        port: int,
+        ready: Callable[[], bool],
+        host: str = "127.0.0.1",
+        checks: Checks | None = None,
+    ) -> None:
         self.port = port
         self.host = host
         self.ready = ready
+        self.checks: Checks = checks or (lambda: {"ready": ready()})
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self._health)
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         return app
 
@@ -36,6 +55,18 @@ class HealthServer:
         if self.ready():
             return web.json_response({"status": "healthy"})
         return web.json_response({"status": "starting"}, status=503)
+
+    async def _livez(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        checks = self.checks()
+        failing = sorted(name for name, ok in checks.items() if not ok)
+        if failing:
+            return web.json_response(
+                {"status": "not ready", "failing": failing, "checks": checks}, status=503
+            )
+        return web.json_response({"status": "ready", "checks": checks})
 
     async def _metrics(self, _: web.Request) -> web.Response:
         response = web.Response(body=generate_latest(REGISTRY))

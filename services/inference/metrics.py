@@ -19,3 +19,20 @@ GENERATED_TOKENS = Counter("batchstream_inference_generated_tokens_total", "Comp
 SKIPPED = Counter(
     "batchstream_inference_skipped_messages_total", "Messages that were not valid request messages."
 )
+ENGINE_RETRIES = Counter(
+    "batchstream_inference_engine_retries_total",
+    "Engine calls tried again after a failure that may pass (a 5xx answer, or an exception).",
+    ["reason"],
+)
+ENGINE_GAVE_UP = Counter(
+    "batchstream_inference_engine_gave_up_total",
+    "Lines that still failed after every try: they become 5xx error lines.",
+)
+PUBLISH_RETRIES = Counter(
+    "batchstream_inference_publish_retries_total",
+    "Result publishes tried again after the broker refused or did not confirm one.",
+)
+PUBLISH_FAILURES = Counter(
+    "batchstream_inference_publish_failures_total",
+    "Results whose every publish try failed: the worker stops and the line is not committed.",
+)

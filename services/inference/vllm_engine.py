@@ -8,7 +8,6 @@ body is exactly what ``vllm serve`` would return. Importing this module imports 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from argparse import Namespace
 from contextlib import AsyncExitStack
@@ -16,6 +15,7 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
+import orjson
 import pydantic
 from starlette.datastructures import State
 from starlette.responses import Response
@@ -42,8 +42,10 @@ from services.inference.engine import (
     Answer,
     EngineUnavailable,
     error_answer,
-    unsupported_endpoint,
+    refuse_before_running,
 )
+from services.inference.runs import RunRegistry
+from shared.protocol.messages import TokenUsage
 from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
@@ -87,8 +89,7 @@ class VllmEngine:
         self.endpoints: tuple[str, ...] = ()
         self._stack = AsyncExitStack()
         self._state = State()
-        self._running: dict[str, asyncio.Task[Answer]] = {}
-        self._aborted: set[str] = set()
+        self._runs = RunRegistry()
         self._client: EngineClient | None = None
 
     async def __aenter__(self) -> VllmEngine:
@@ -118,8 +119,7 @@ class VllmEngine:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for task in list(self._running.values()):
-            task.cancel()
+        self._runs.cancel_all()
         await self._stack.aclose()
         # Drop the serving objects (they hold the engine client) while the interpreter is whole;
         # otherwise AsyncLLM.__del__ runs at exit and prints a harmless TypeError.
@@ -143,24 +143,11 @@ class VllmEngine:
         *,
         max_context_length: int | None = None,
     ) -> Answer:
-        if url not in self.endpoints:
-            return unsupported_endpoint(url, self.endpoints)
-        if body.get("stream"):
-            return error_answer("Request must not be sent in stream mode", param="stream")
-        task = asyncio.ensure_future(self._serve(url, body, request_id, max_context_length))
-        self._running[request_id] = task
-        try:
-            answer = await task
-        finally:
-            self._running.pop(request_id, None)
-        aborted = request_id in self._aborted
-        self._aborted.discard(request_id)
-        if aborted or task.cancelled() or _cancelling():
-            # vLLM's serving code catches the cancellation and returns a "client disconnected"
-            # error body, so cancelling our caller does not raise by itself. An aborted request
-            # has no answer at all: it must not become a failed line.
-            raise asyncio.CancelledError(f"request {request_id} aborted")
-        if answer[0] >= 500 and self._client is not None and self._client.errored:
+        refusal = refuse_before_running(url, body, self.endpoints)
+        if refusal is not None:
+            return refusal
+        answer = await self._runs.run(request_id, self._serve(url, body, request_id, max_context_length))
+        if answer.transient and self._client is not None and self._client.errored:
             # e.g. the engine core got the SIGTERM meant for the worker (a signal to the process
             # group): the serving code answers 500, but that is not this request's outcome.
             raise EngineUnavailable(f"the vLLM engine is dead; request {request_id} has no answer")
@@ -168,10 +155,7 @@ class VllmEngine:
 
     async def abort(self, request_id: str) -> None:
         """Cancel the serving call; vLLM aborts the engine request when its generator closes."""
-        task = self._running.get(request_id)
-        if task is not None:
-            self._aborted.add(request_id)
-            task.cancel()
+        self._runs.abort(request_id)
 
     async def _serve(
         self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
@@ -180,6 +164,12 @@ class VllmEngine:
             request = _parse(url, body)
         except pydantic.ValidationError as exc:
             return _validation_answer(exc)
+        except (TypeError, ValueError, AttributeError) as exc:
+            # One of vLLM's model validators tripping on a wrongly typed field (e.g. ``messages``
+            # not a list raises TypeError): still the request's fault, so a 400, never a retry.
+            return error_answer(
+                f"Invalid request body: {exc}", HTTPStatus.BAD_REQUEST, err_type="Bad Request"
+            )
         if hasattr(request, "request_id"):
             request.request_id = request_id
         try:
@@ -229,12 +219,6 @@ class VllmEngine:
         return None
 
 
-def _cancelling() -> bool:
-    """Whether the current task was asked to cancel (even if an awaited task swallowed it)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
 def _parse(url: str, body: dict[str, Any]) -> Any:
     if url == CHAT:
         return ChatCompletionRequest.model_validate(body)
@@ -254,11 +238,26 @@ def _validation_answer(exc: pydantic.ValidationError) -> Answer:
 
 
 def _to_answer(result: Any) -> Answer:
-    """A serving call's result as (status, body), as vLLM's routers would send it."""
+    """A serving call's result as vLLM's routers would send it, serialised once, here."""
     if isinstance(result, ErrorResponse):
-        return int(result.error.code), result.model_dump(mode="json")
-    if isinstance(result, Response):
-        return int(result.status_code), json.loads(bytes(result.body))
+        return Answer(int(result.error.code), result.model_dump_json().encode())
+    if isinstance(result, Response):  # already serialised by the serving class
+        return Answer(int(result.status_code), bytes(result.body), _usage_of_raw(result))
     if isinstance(result, pydantic.BaseModel):
-        return 200, result.model_dump(mode="json")
+        usage = getattr(result, "usage", None)
+        return Answer(200, result.model_dump_json().encode(), _usage(usage))
     return error_answer("Request must not be sent in stream mode", param="stream")
+
+
+def _usage(usage: Any) -> TokenUsage | None:
+    """vLLM's ``UsageInfo`` (a pydantic model) as the result message's usage."""
+    if usage is None:
+        return None
+    return TokenUsage.from_body_usage(usage.model_dump() if isinstance(usage, pydantic.BaseModel) else usage)
+
+
+def _usage_of_raw(response: Response) -> TokenUsage | None:
+    """The usage of a body a serving class returned already serialised (parsed only for it)."""
+    if response.status_code != HTTPStatus.OK:
+        return None
+    return TokenUsage.from_body_usage(orjson.loads(bytes(response.body)).get("usage"))

@@ -2,13 +2,30 @@
 
 A message is one JSON object with ``schema_version``. Consumers accept the versions they know and
 reject others with a clear error; fields are only ever added within a version.
+
+A result's response body is carried as raw JSON bytes (``RawJson``): the engine serialises it
+once, ``ResultMessage.to_json`` splices it into the message, ``ResultMessage.from_json`` cuts it
+out again without parsing it (msgspec's ``Raw``), and ``output_line_json`` splices it into the
+output line. Nothing between the engine and the output file parses it; its token usage travels
+beside it in ``ResultMessage.usage``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import msgspec
+import orjson
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -54,10 +71,66 @@ class RequestMessage(BaseModel):
     expires_at: float | None = Field(default=None, description="Unix seconds; not run after.")
 
 
+def _json_bytes(value: Any) -> bytes:
+    """Raw JSON bytes as they are (kept on one line); any other value serialised."""
+    if isinstance(value, bytes | bytearray | memoryview | msgspec.Raw):
+        raw = bytes(value)
+        # A record of the output file is one line: re-serialise the rare body that spans several.
+        return orjson.dumps(orjson.loads(raw)) if b"\n" in raw or b"\r" in raw else raw
+    return orjson.dumps(value)
+
+
+RawJson = Annotated[
+    bytes,
+    BeforeValidator(_json_bytes),
+    PlainSerializer(orjson.loads, return_type=Any),
+    WithJsonSchema({"description": "Any JSON value, carried as raw JSON."}),
+]
+"""A JSON value held as its serialised bytes. Validated from any JSON value or from raw bytes;
+``model_dump`` gives it back parsed (slow path); the ``to_json`` methods splice it unparsed."""
+
+
+class TokenUsage(BaseModel):
+    """A line's token usage, in the endpoint's own terms, beside the raw body so that readers
+    (the aggregator's batch usage, the worker's metrics) need not parse the body for it."""
+
+    model_config = ConfigDict(frozen=True)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def from_body_usage(cls, usage: Any) -> TokenUsage | None:
+        """From a body's ``usage`` object (chat, completions, embeddings); None if there is none."""
+        if not isinstance(usage, dict):
+            return None
+        prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+        completion = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+        prompt_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+        output_details = usage.get("completion_tokens_details") or usage.get("output_tokens_details")
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=_int(usage.get("total_tokens")) or prompt + completion,
+            cached_tokens=_int(_get(prompt_details, "cached_tokens")),
+            reasoning_tokens=_int(_get(output_details, "reasoning_tokens")),
+        )
+
+
 class ResponsePayload(BaseModel):
     status_code: int
     request_id: str
-    body: dict[str, Any]
+    body: RawJson = Field(description="The endpoint's response body (a JSON object).")
+
+    def wire(self) -> dict[str, Any]:
+        """For ``orjson.dumps``: the body spliced in as it is."""
+        return {
+            "status_code": self.status_code,
+            "request_id": self.request_id,
+            "body": orjson.Fragment(self.body),
+        }
 
 
 class LineError(BaseModel):
@@ -66,7 +139,11 @@ class LineError(BaseModel):
 
 
 class ResultMessage(BaseModel):
-    """One finished line, keyed by batch id on the results topic (or a pipeline's reply topic)."""
+    """One finished line, keyed by batch id on the results topic (or a pipeline's reply topic).
+
+    ``usage`` was added within version 1: a message without it (an older worker's) gets it from
+    its body when it is read.
+    """
 
     model_config = ConfigDict(extra="ignore")
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -74,21 +151,92 @@ class ResultMessage(BaseModel):
     custom_id: str
     batch_id: str | None = None
     line: int | None = None
+    usage: TokenUsage | None = Field(
+        default=None, description="The body's token usage (set when the line succeeded)."
+    )
     response: ResponsePayload | None = None
     error: LineError | None = None
+
+    @model_validator(mode="after")
+    def _usage_from_body(self) -> ResultMessage:
+        """An older message names no usage: read it from the body (the only time it is parsed)."""
+        if self.usage is None and self.response is not None and self.succeeded:
+            body = orjson.loads(self.response.body)
+            if isinstance(body, dict):
+                self.usage = TokenUsage.from_body_usage(body.get("usage"))
+        return self
 
     @property
     def succeeded(self) -> bool:
         return self.response is not None and self.response.status_code == 200
 
+    def to_json(self) -> bytes:
+        """The message as published: compact JSON, the body spliced in unparsed."""
+        return orjson.dumps(
+            {
+                "schema_version": self.schema_version,
+                "request_id": self.request_id,
+                "custom_id": self.custom_id,
+                "batch_id": self.batch_id,
+                "line": self.line,
+                "usage": self.usage.model_dump() if self.usage else None,
+                "response": self.response.wire() if self.response else None,
+                "error": self.error.model_dump() if self.error else None,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, value: bytes) -> ResultMessage:
+        """A published message, read without parsing its body; raises pydantic's ``ValidationError``."""
+        try:
+            members = _RAW_OBJECT.decode(value)
+        except msgspec.DecodeError:  # not a JSON object: pydantic words the error
+            return cls.model_validate_json(value)
+        response = members.pop("response", None)
+        data: dict[str, Any] = {key: orjson.loads(memoryview(raw)) for key, raw in members.items()}
+        if response is not None:
+            data["response"] = _response_members(response)
+        return cls.model_validate(data)
+
     def output_line(self) -> dict[str, Any]:
-        """The line as written to the batch's output or error file."""
-        return {
-            "id": self.request_id,
-            "custom_id": self.custom_id,
-            "response": self.response.model_dump() if self.response else None,
-            "error": self.error.model_dump() if self.error else None,
-        }
+        """The line as written to the batch's output or error file, parsed (tests, slow path)."""
+        return orjson.loads(self.output_line_json())
+
+    def output_line_json(self) -> bytes:
+        """The line as written to the batch's output or error file: compact JSON, body unparsed."""
+        return orjson.dumps(
+            {
+                "id": self.request_id,
+                "custom_id": self.custom_id,
+                "response": self.response.wire() if self.response else None,
+                "error": self.error.model_dump() if self.error else None,
+            }
+        )
+
+
+# A JSON object's members, each left as its raw JSON text.
+_RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _response_members(raw: msgspec.Raw) -> Any:
+    """The response object with its body left raw (or whatever else it is, parsed)."""
+    try:
+        members = _RAW_OBJECT.decode(raw)
+    except msgspec.ValidationError:  # not an object (null, or wrong): pydantic judges it
+        return orjson.loads(memoryview(raw))
+    body = members.pop("body", None)
+    data: dict[str, Any] = {key: orjson.loads(memoryview(part)) for key, part in members.items()}
+    if body is not None:
+        data["body"] = body
+    return data
+
+
+def _get(mapping: Any, key: str) -> Any:
+    return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class ControlMessage(BaseModel):

@@ -331,8 +331,11 @@ def test_a_pipeline_publishes_requests_and_reads_results_from_its_reply_topic(
         result = ResultMessage.model_validate(raw)
         assert result.batch_id is None and key == result.request_id.encode()
         assert result.succeeded and result.response is not None
-        assert result.response.body["object"] == "chat.completion"
+        assert json.loads(result.response.body)["object"] == "chat.completion"
         assert result.schema_version == 1
+        # The usage travels beside the raw body, equal to the body's own.
+        assert result.usage is not None
+        assert result.usage.total_tokens == raw["response"]["body"]["usage"]["total_tokens"] > 0
 
 
 # ------------------------------------------------------------------------------ cancellation

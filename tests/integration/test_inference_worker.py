@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from services.inference.consumer import RequestConsumer, make_consumer
 from services.inference.control import BatchControl, ControlFollower
-from services.inference.fake_engine import InstantFakeEngine
+from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
 from shared.protocol.messages import ControlMessage, RequestMessage
@@ -149,7 +149,7 @@ async def test_one_result_per_request_and_offsets_committed(kafka: KafkaSettings
     await _create_topic(kafka, reply)
     last = await _publish(kafka, reply)
     group = f"g-{uuid.uuid4().hex[:6]}"
-    engine = InstantFakeEngine(model_id=MODEL)
+    engine = FakeEngine(model_id=MODEL)
     producer = make_producer(kafka)
     await producer.start()
     worker = RequestConsumer(

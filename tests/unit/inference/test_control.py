@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from services.inference.control import FORGET_AFTER_S, BatchControl
-from services.inference.engine import CHAT
-from services.inference.fake_engine import InstantFakeEngine
+from services.inference.engine import CHAT, Answer
+from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from shared.protocol.messages import ControlMessage, RequestMessage
 
@@ -35,15 +35,14 @@ def test_prune_drops_long_expired_batches_only() -> None:
     assert control.expires_at("recent") and control.cancelled("cancelled") and len(control) == 2
 
 
-class SlowEngine(InstantFakeEngine):
-    """Runs until released or aborted; an abort raises CancelledError out of ``run`` (as vLLM's)."""
+class SlowFakeEngine(FakeEngine):
+    """Runs until released or aborted; an abort raises RequestAborted out of ``run`` (the rule)."""
 
     def __init__(self) -> None:
         super().__init__(model_id="m")
         self.started: dict[str, asyncio.Event] = {}
         self.release = asyncio.Event()
         self.aborted: list[str] = []
-        self._waits: dict[str, asyncio.Future[None]] = {}
         self._changed = asyncio.Event()
 
     async def wait_started(self, count: int) -> None:
@@ -53,16 +52,17 @@ class SlowEngine(InstantFakeEngine):
 
     async def run(self, url, body, request_id, *, max_context_length=None):  # type: ignore[no-untyped-def]
         self.calls += 1
-        wait = asyncio.ensure_future(self.release.wait())
-        self._waits[request_id] = wait  # type: ignore[assignment]
         self.started.setdefault(request_id, asyncio.Event()).set()
         self._changed.set()
-        await wait
-        return 200, {"usage": {}}
+        return await self._runs.run(request_id, self._until_released())
+
+    async def _until_released(self) -> Answer:
+        await self.release.wait()
+        return Answer.of(200, {"usage": {}})
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
-        self._waits[request_id].cancel()
+        await super().abort(request_id)
 
 
 def line(batch_id: str = "b", n: int = 1, **kw: Any) -> RequestMessage:
@@ -78,7 +78,7 @@ def line(batch_id: str = "b", n: int = 1, **kw: Any) -> RequestMessage:
 
 
 async def test_a_line_of_a_cancelled_batch_is_not_run() -> None:
-    engine = InstantFakeEngine()
+    engine = FakeEngine()
     handler = RequestHandler(engine)
     handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
     result = await handler.handle(line())
@@ -90,18 +90,18 @@ async def test_a_line_of_a_cancelled_batch_is_not_run() -> None:
 
 def test_the_handler_uses_the_control_it_is_given_even_when_empty() -> None:
     control = BatchControl()  # empty, so falsy: must still be the one the follower feeds
-    assert RequestHandler(InstantFakeEngine(), control=control).control is control
+    assert RequestHandler(FakeEngine(), control=control).control is control
 
 
 async def test_the_deadline_may_come_from_the_control_topic() -> None:
-    handler = RequestHandler(InstantFakeEngine(), clock=lambda: 50.0)
+    handler = RequestHandler(FakeEngine(), clock=lambda: 50.0)
     handler.control.apply(ControlMessage(batch_id="b", expires_at=10.0))
     result = await handler.handle(line())
     assert result.error is not None and result.error.code == "batch_expired"
 
 
 async def test_running_lines_of_a_cancelled_batch_are_aborted_and_answered() -> None:
-    engine = SlowEngine()
+    engine = SlowFakeEngine()
     handler = RequestHandler(engine)
     doomed = asyncio.create_task(handler.handle(line("b", 1)))
     kept = asyncio.create_task(handler.handle(line("keep", 2)))
@@ -117,7 +117,7 @@ async def test_running_lines_of_a_cancelled_batch_are_aborted_and_answered() -> 
 
 
 async def test_an_abort_for_shutdown_raises_and_publishes_nothing() -> None:
-    engine = SlowEngine()
+    engine = SlowFakeEngine()
     handler = RequestHandler(engine)
     handler.control.apply(ControlMessage(batch_id="b", cancelled=False, total=1))
     task = asyncio.create_task(handler.handle(line()))
@@ -126,13 +126,3 @@ async def test_an_abort_for_shutdown_raises_and_publishes_nothing() -> None:
     done = await asyncio.gather(task, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)
     assert handler.running("b") == 0
-
-
-async def test_an_engine_abort_without_a_cancelled_batch_is_not_a_result() -> None:
-    engine = SlowEngine()
-    handler = RequestHandler(engine)
-    task = asyncio.create_task(handler.handle(line()))
-    await engine.wait_started(1)
-    await engine.abort(next(iter(engine.started)))
-    done = await asyncio.gather(task, return_exceptions=True)
-    assert isinstance(done[0], asyncio.CancelledError)

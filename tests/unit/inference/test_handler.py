@@ -1,33 +1,38 @@
-"""RequestHandler: defaults precedence, the served model, error mapping, expiry."""
+"""RequestHandler: defaults precedence, the served model, error mapping, expiry, engine retries."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 
-from services.inference.engine import CHAT, COMPLETIONS, EMBEDDINGS, error_body
-from services.inference.fake_engine import InstantFakeEngine
-from services.inference.handler import RequestHandler, apply_defaults, context_limit
-from shared.protocol.messages import RequestMessage, SamplingDefaults
+from services.inference import metrics
+from services.inference.engine import CHAT, COMPLETIONS, EMBEDDINGS, Answer, EngineUnavailable, error_answer
+from services.inference.fake_engine import FakeEngine
+from services.inference.handler import EngineRetry, RequestHandler, apply_defaults, context_limit
+from shared.protocol.messages import ControlMessage, RequestMessage, SamplingDefaults
+
+NO_WAIT = EngineRetry(attempts=3, wait_s=0.0, max_wait_s=0.0)
 
 
-class RecordingEngine(InstantFakeEngine):
-    """The fake engine, remembering what it was asked; optionally answering a fixed error."""
+class RecordingFakeEngine(FakeEngine):
+    """The fake engine, remembering what it was asked. It fails its first ``failures`` calls
+    with ``fail_with`` (an exception to raise, or an answer to give), then answers normally."""
 
-    def __init__(self, answer: tuple[int, dict[str, Any]] | None = None, fail: bool = False):
+    def __init__(self, fail_with: Answer | Exception | None = None, failures: int = 1_000_000):
         super().__init__(model_id="served-model")
         self.seen: list[tuple[str, dict[str, Any], str, int | None]] = []
-        self.answer = answer
-        self.fail = fail
+        self.fail_with = fail_with
+        self.failures = failures
 
     async def run(self, url, body, request_id, *, max_context_length=None):  # type: ignore[no-untyped-def]
         self.seen.append((url, body, request_id, max_context_length))
-        if self.fail:
-            raise RuntimeError("boom")
-        if self.answer is not None:
-            return self.answer
+        if self.fail_with is not None and len(self.seen) <= self.failures:
+            if isinstance(self.fail_with, Exception):
+                raise self.fail_with
+            return self.fail_with
         return await super().run(url, body, request_id, max_context_length=max_context_length)
 
 
@@ -74,7 +79,7 @@ def test_context_limit_body_wins_and_is_removed() -> None:
 
 
 async def test_success_is_a_200_response_with_the_served_model() -> None:
-    engine = RecordingEngine()
+    engine = RecordingFakeEngine()
     msg = message(batch_id="batch_1", line=3, defaults=DEFAULTS)
     result = await RequestHandler(engine).handle(msg)
     url, body, run_id, limit = engine.seen[0]
@@ -85,35 +90,67 @@ async def test_success_is_a_200_response_with_the_served_model() -> None:
     assert result.error is None and result.response is not None
     assert result.response.status_code == 200
     assert result.response.request_id == run_id and run_id.startswith("req_")
-    assert result.response.body["object"] == "chat.completion"
+    assert orjson.loads(result.response.body)["object"] == "chat.completion"
     assert (result.request_id, result.custom_id, result.batch_id, result.line) == (
         "batch_req_1",
         "c1",
         "batch_1",
         3,
     )
-    assert result.succeeded and result.response is not None
-    assert result.response.body["usage"]["total_tokens"] >= 1
+    assert result.succeeded and result.usage is not None and result.usage.total_tokens >= 1
 
 
-async def test_engine_rejection_is_a_4xx_response_not_an_error() -> None:
-    rejection = (400, error_body("too long", 400, param="input_tokens"))
-    result = await RequestHandler(RecordingEngine(answer=rejection)).handle(message())
+async def test_engine_rejection_is_a_4xx_response_not_an_error_and_not_retried() -> None:
+    engine = RecordingFakeEngine(fail_with=error_answer("too long", 400, param="input_tokens"))
+    result = await RequestHandler(engine, retry=NO_WAIT).handle(message())
     assert result.error is None
     assert result.response is not None and result.response.status_code == 400
-    assert result.response.body["error"]["message"] == "too long"
-    assert set(result.response.body["error"]) == {"message", "type", "param", "code"}
+    error = orjson.loads(result.response.body)["error"]
+    assert error["message"] == "too long" and set(error) == {"message", "type", "param", "code"}
     assert not result.succeeded
+    assert len(engine.seen) == 1  # the request's own fault: final at once
 
 
-async def test_engine_crash_becomes_a_500_line() -> None:
-    result = await RequestHandler(RecordingEngine(fail=True)).handle(message())
-    assert result.response is not None and result.response.status_code == 500
-    assert result.response.body["error"]["type"] == "InternalServerError"
+def _sample(metric: Any, **labels: str) -> float:
+    return float(metric.labels(**labels)._value.get() if labels else metric._value.get())
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [error_answer("engine overloaded", 503), RuntimeError("engine restarting")],
+    ids=["5xx", "exception"],
+)
+async def test_a_failure_that_may_pass_is_retried_until_it_passes(failure: Any) -> None:
+    reason = "exception" if isinstance(failure, Exception) else "5xx"
+    retries = _sample(metrics.ENGINE_RETRIES, reason=reason)
+    engine = RecordingFakeEngine(fail_with=failure, failures=2)
+    result = await RequestHandler(engine, retry=NO_WAIT).handle(message())
+    assert result.succeeded and len(engine.seen) == 3
+    assert _sample(metrics.ENGINE_RETRIES, reason=reason) == retries + 2
+
+
+@pytest.mark.parametrize(
+    "failure", [error_answer("engine overloaded", 503), RuntimeError("boom")], ids=["5xx", "exception"]
+)
+async def test_a_failure_that_does_not_pass_becomes_a_5xx_line_after_the_last_try(failure: Any) -> None:
+    gave_up = _sample(metrics.ENGINE_GAVE_UP)
+    engine = RecordingFakeEngine(fail_with=failure)
+    result = await RequestHandler(engine, retry=NO_WAIT).handle(message())
+    assert len(engine.seen) == 3
+    assert result.response is not None and result.response.status_code >= 500 and not result.succeeded
+    assert orjson.loads(result.response.body)["error"]["type"] == "InternalServerError"
+    assert _sample(metrics.ENGINE_GAVE_UP) == gave_up + 1
+
+
+async def test_a_dead_engine_is_not_retried_and_not_an_answer() -> None:
+    engine = RecordingFakeEngine(fail_with=EngineUnavailable("dead"))
+    with pytest.raises(EngineUnavailable):
+        await RequestHandler(engine, retry=NO_WAIT).handle(message())
+    assert len(engine.seen) == 1
 
 
 async def test_expired_message_is_not_run() -> None:
-    engine = RecordingEngine()
+    engine = RecordingFakeEngine()
     handler = RequestHandler(engine, clock=lambda: 1000.0)
     result = await handler.handle(message(batch_id="b", expires_at=999.0))
     assert engine.seen == []
@@ -125,11 +162,8 @@ async def test_expired_message_is_not_run() -> None:
 
 
 async def test_cancellation_propagates() -> None:
-    class Slow(RecordingEngine):
-        async def run(self, *a, **kw):  # type: ignore[no-untyped-def]
-            await asyncio.sleep(10)
-
-    task = asyncio.create_task(RequestHandler(Slow()).handle(message()))
+    engine = FakeEngine(seconds_per_token=60.0)
+    task = asyncio.create_task(RequestHandler(engine).handle(message()))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -137,14 +171,26 @@ async def test_cancellation_propagates() -> None:
 
 
 async def test_fake_engine_shapes() -> None:
-    engine = InstantFakeEngine(max_context_length=5)
-    status, body = await engine.run(COMPLETIONS, {"prompt": "a b"}, "r")
-    assert status == 200 and body["object"] == "text_completion"
-    status, body = await engine.run(EMBEDDINGS, {"input": ["a", "b"]}, "r")
-    assert body["object"] == "list" and len(body["data"]) == 2
-    status, body = await engine.run(COMPLETIONS, {"prompt": "a b c d e f"}, "r")
-    assert status == 400 and body["error"]["code"] == 400
-    status, _ = await engine.run("/v1/responses", {}, "r")
-    assert status == 404
-    status, _ = await engine.run(CHAT, {"messages": [], "stream": True}, "r")
-    assert status == 400
+    engine = FakeEngine(max_context_length=5)
+    answer = await engine.run(COMPLETIONS, {"prompt": "a b"}, "r")
+    assert answer.status == 200 and answer.json()["object"] == "text_completion"
+    answer = await engine.run(EMBEDDINGS, {"input": ["a", "b"]}, "r")
+    assert answer.json()["object"] == "list" and len(answer.json()["data"]) == 2
+    answer = await engine.run(COMPLETIONS, {"prompt": "a b c d e f"}, "r")
+    assert answer.status == 400 and answer.json()["error"]["code"] == 400
+
+
+async def test_a_line_whose_batch_is_cancelled_between_tries_is_not_tried_again() -> None:
+    handler = RequestHandler(RecordingFakeEngine(), retry=NO_WAIT)
+    engine = handler.engine
+    assert isinstance(engine, RecordingFakeEngine)
+
+    async def overloaded_then_cancelled(*args: Any, **kw: Any) -> Answer:
+        engine.seen.append(args)  # type: ignore[arg-type]
+        handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
+        return error_answer("engine overloaded", 503)
+
+    engine.run = overloaded_then_cancelled  # type: ignore[method-assign]
+    result = await handler.handle(message(batch_id="b"))
+    assert len(engine.seen) == 1
+    assert result.error is not None and result.error.code == "batch_cancelled"

@@ -1,0 +1,100 @@
+"""ResultMessage carries the response body as raw JSON: spliced in, cut out, never re-parsed."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from shared.protocol.messages import LineError, ResponsePayload, ResultMessage, TokenUsage
+
+# Key order, spacing and float spelling of its own: only a splice keeps them byte for byte.
+BODY = (
+    b'{"object":"chat.completion","choices":[{"message":{"content":"caf\xc3\xa9 \\n"}}],"x":1.50,'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}'
+)
+USAGE = TokenUsage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+
+
+def result(**kw: object) -> ResultMessage:
+    fields: dict[str, object] = {
+        "request_id": "batch_req_1",
+        "custom_id": "c1",
+        "batch_id": "batch_1",
+        "line": 4,
+        "usage": USAGE,
+        "response": ResponsePayload(status_code=200, request_id="req_1", body=BODY),
+    }
+    return ResultMessage(**{**fields, **kw})  # type: ignore[arg-type]
+
+
+def test_the_body_travels_byte_for_byte_from_the_engine_to_the_output_line() -> None:
+    wire = result().to_json()
+    assert BODY in wire
+    back = ResultMessage.from_json(wire)
+    assert back.response is not None and back.response.body == BODY
+    assert back.usage == USAGE and (back.batch_id, back.line) == ("batch_1", 4)
+    line = back.output_line_json()
+    assert BODY in line and b"\n" not in line
+    assert json.loads(line) == {
+        "id": "batch_req_1",
+        "custom_id": "c1",
+        "response": {"status_code": 200, "request_id": "req_1", "body": json.loads(BODY)},
+        "error": None,
+    }
+
+
+def test_the_wire_shape_is_version_1_plus_usage() -> None:
+    """Readers of version 1 (pipelines, an older aggregator) see the same nested object."""
+    wire = orjson.loads(result().to_json())
+    assert wire["schema_version"] == 1 and wire["response"]["body"] == json.loads(BODY)
+    assert wire["usage"]["total_tokens"] == 5
+    assert wire == json.loads(result().model_dump_json())  # the slow path agrees
+
+
+def test_an_older_message_without_usage_gets_it_from_its_body() -> None:
+    old = {
+        "schema_version": 1,
+        "request_id": "r",
+        "custom_id": "c",
+        "batch_id": "b",
+        "line": 1,
+        "response": {"status_code": 200, "request_id": "q", "body": json.loads(BODY)},
+        "error": None,
+    }
+    for read in (ResultMessage.from_json, ResultMessage.model_validate_json):
+        message = read(json.dumps(old).encode())
+        assert message.usage == USAGE and message.succeeded
+        assert message.response is not None and json.loads(message.response.body) == json.loads(BODY)
+
+
+def test_never_ran_and_error_lines() -> None:
+    never = result(usage=None, response=None, error=LineError(code="batch_cancelled", message="no"))
+    back = ResultMessage.from_json(never.to_json())
+    assert back.response is None and back.error == never.error and back.usage is None
+    rejected = result(
+        usage=None, response=ResponsePayload(status_code=400, request_id="q", body={"error": {}})
+    )
+    back = ResultMessage.from_json(rejected.to_json())
+    assert back.response is not None and back.response.body == b'{"error":{}}' and not back.succeeded
+
+
+def test_a_body_on_several_lines_is_put_on_one() -> None:
+    payload = ResponsePayload(status_code=200, request_id="q", body=b'{\n  "a": 1\n}')
+    assert payload.body == b'{"a":1}'
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"custom_id": "c"}',
+        b'{"request_id":"r","custom_id":"c","response":{"status_code":200}}',
+    ],
+)
+def test_what_is_not_a_result_raises_a_validation_error(value: bytes) -> None:
+    with pytest.raises(ValidationError):
+        ResultMessage.from_json(value)
