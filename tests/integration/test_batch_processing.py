@@ -30,7 +30,7 @@ from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
-from tests.integration.waiting import eventually
+from tests.support.waiting import eventually
 
 MODEL = "poison-test-model"
 

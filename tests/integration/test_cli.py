@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from deploy.local.stack import Stack
-from tests.integration.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 UNSERVED_MODEL = "cli-unserved-model"

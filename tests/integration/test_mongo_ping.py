@@ -19,7 +19,7 @@ import pytest
 
 from shared.mongo import Mongo
 from shared.settings import MongoSettings
-from tests.integration.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def _free_port() -> int:

@@ -26,7 +26,7 @@ from pymongo import MongoClient
 from deploy.local.stack import STAND_INS, ModelSpec, Stack, free_ports
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.integration.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 MODEL = "corpus-fake"  # the corpus' request lines name it

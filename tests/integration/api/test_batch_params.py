@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.api.conftest import chat_request, jsonl
 from tests.integration.api.test_errors import assert_error, create, upload
-from tests.integration.waiting import wait_until
+from tests.support.lines import chat_request, jsonl
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from urllib.parse import quote
 import httpx
 
 from deploy.local.stack import Stack
-from tests.integration.api.conftest import chat_request, jsonl
-from tests.integration.waiting import wait_until
+from tests.support.lines import chat_request, jsonl
+from tests.support.waiting import wait_until
 
 FLOW = ["validating", "in_progress", "finalizing", "completed"]
 

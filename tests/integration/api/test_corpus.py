@@ -31,7 +31,7 @@ from tests.integration.api.corpus import (
 )
 from tests.integration.conftest import OwnStack
 from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.integration.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
