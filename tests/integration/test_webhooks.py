@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,6 +115,17 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
         yield c
 
 
+def unserved_model(stack: Stack) -> tuple[str, str]:
+    """Make ``UNSERVED`` known to the api (no worker serves it); returns (mongo uri, database)."""
+    env = stack.env()
+    uri, database = env["BATCHSTREAM_MONGO_URI"], env["BATCHSTREAM_MONGO_DATABASE"]
+    with MongoClient(uri) as client:
+        client[database].models.update_one(
+            {"_id": UNSERVED}, {"$set": {"created": 1, "max_context_length": 4096}}, upsert=True
+        )
+    return uri, database
+
+
 def create(api: httpx.Client, content: bytes) -> str:
     upload = api.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"})
     assert upload.status_code == 200, upload.text
@@ -168,11 +180,7 @@ def test_a_cancelled_batch_sends_batch_cancelled(
     api: httpx.Client, stack: Stack, receiver: tuple[Receiver, int]
 ) -> None:
     state, _ = receiver
-    env = stack.env()
-    with MongoClient(env["BATCHSTREAM_MONGO_URI"]) as client:
-        client[env["BATCHSTREAM_MONGO_DATABASE"]].models.update_one(
-            {"_id": UNSERVED}, {"$set": {"created": 1, "max_context_length": 4096}}, upsert=True
-        )
+    unserved_model(stack)
     batch_id = create(api, dump(line("a", body={**line()["body"], "model": UNSERVED})))
     wait_until(
         lambda: api.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress", 30, "in_progress"
@@ -180,6 +188,21 @@ def test_a_cancelled_batch_sends_batch_cancelled(
     assert api.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
     assert ended(api, batch_id)["status"] == "cancelled"
     delivered_once(state, batch_id, "batch.cancelled")
+
+
+def test_an_expired_batch_sends_batch_expired(
+    api: httpx.Client, stack: Stack, receiver: tuple[Receiver, int]
+) -> None:
+    state, _ = receiver
+    db = unserved_model(stack)
+    batch_id = create(api, dump(line("a", body={**line()["body"], "model": UNSERVED})))
+    wait_until(
+        lambda: api.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress", 30, "in_progress"
+    )
+    with MongoClient(db[0]) as client:  # the completion window ends now (the sweep ends it)
+        client[db[1]].batches.update_one({"_id": batch_id}, {"$set": {"expires_at": int(time.time()) - 1}})
+    assert ended(api, batch_id)["status"] == "expired"
+    delivered_once(state, batch_id, "batch.expired")
 
 
 def test_a_receiver_down_for_a_while_gets_the_event_after_retries_each_attempt_once(
