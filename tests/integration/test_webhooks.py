@@ -8,9 +8,11 @@ every attempt it is sent and can answer 503 for a while (down), then 200.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,6 +22,7 @@ import pytest
 from pymongo import MongoClient
 
 from deploy.local.stack import ModelSpec, Stack
+from shared.settings import ApiSettings
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.waiting import wait_until
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.e2e
 MODEL = "corpus-fake"  # the corpus' request lines name it
 UNSERVED = "webhooks-unserved"  # known to the api, served by no worker: a batch that waits
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+CLOSED_KEY = "sk-webhooks-closed"  # project ``closed``, whose receiver is not listening at first
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
@@ -60,9 +64,9 @@ class Receiver:
             return [a for a in self.attempts if a["event"]["data"]["id"] == batch_id]
 
 
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[tuple[Receiver, int]]:
-    state = Receiver()
+@contextmanager
+def serving(state: Receiver, port: int = 0) -> Iterator[int]:
+    """An HTTP receiver on ``port`` (0: a free one) recording into ``state``; yields its port."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -80,23 +84,46 @@ def receiver() -> Iterator[tuple[Receiver, int]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield state, server.server_address[1]
+        yield server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()
         thread.join(5)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
-def stack(own_stack: Any, receiver: tuple[Receiver, int]) -> Iterator[Stack]:
+def receiver() -> Iterator[tuple[Receiver, int]]:
+    state = Receiver()
+    with serving(state) as port:
+        yield state, port
+
+
+@pytest.fixture(scope="module")
+def closed_port() -> int:
+    """The endpoint port of project ``closed``: nothing listens there until a test says so."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def stack(own_stack: Any, receiver: tuple[Receiver, int], closed_port: int) -> Iterator[Stack]:
     _, port = receiver
-    endpoints = {"default": {"url": f"http://127.0.0.1:{port}/hooks", "secret": SECRET}}
+    endpoints = {
+        "default": {"url": f"http://127.0.0.1:{port}/hooks", "secret": SECRET},
+        "closed": {"url": f"http://127.0.0.1:{closed_port}/hooks", "secret": SECRET},
+    }
     env = {
         **FAKE_STACK_ENV,
+        "BATCHSTREAM_API_KEYS": f"{ApiSettings().keys},{CLOSED_KEY}=closed",
         "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "2",
         "BATCHSTREAM_WEBHOOK_ENDPOINTS": json.dumps(endpoints),
         "BATCHSTREAM_WEBHOOK_POLL_SECONDS": "0.2",
@@ -232,3 +259,31 @@ def test_a_receiver_down_for_a_while_gets_the_event_after_retries_each_attempt_o
     stamps = [int(a["headers"]["webhook-timestamp"]) for a in attempts]
     assert stamps == sorted(stamps)
     assert len({json.dumps(a["event"], sort_keys=True) for a in attempts}) == 1  # the same event
+
+
+def test_a_receiver_not_listening_for_a_while_gets_the_event_once_it_listens(
+    stack: Stack, closed_port: int
+) -> None:
+    headers = {"Authorization": f"Bearer {CLOSED_KEY}"}
+    with httpx.Client(base_url=stack.base_url.removesuffix("/v1"), headers=headers, timeout=60) as closed:
+        batch_id = create(closed, dump(line("a")))
+        assert ended(closed, batch_id)["status"] == "completed"
+    event_id = f"evt_{batch_id}_batch.completed"
+    env = stack.env()
+    with MongoClient(env["BATCHSTREAM_MONGO_URI"]) as client:
+        events = client[env["BATCHSTREAM_MONGO_DATABASE"]].webhook_events
+        refused = wait_until(
+            lambda: (e := events.find_one({"_id": event_id})) and e["attempts"] >= 2 and e,
+            30,
+            "refused attempts",
+        )
+        assert refused["status"] == "pending" and "Connect" in refused["last_error"], refused
+        state = Receiver()
+        with serving(state, closed_port):
+            stored = wait_until(
+                lambda: (e := events.find_one({"_id": event_id})) and e["status"] == "delivered" and e,
+                30,
+                "the event delivered once the receiver listens",
+            )
+    [attempt] = state.for_event(event_id)  # the attempts before it listened reached nobody
+    assert attempt["valid"] and stored["attempts"] > refused["attempts"] >= 2
