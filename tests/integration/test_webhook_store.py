@@ -1,8 +1,10 @@
 """The webhook outbox against the MongoDB-wire stand-in (SecantusDB): recorded once per batch and
-type, only for projects with an endpoint, and an attempt claimed by one deliverer at a time."""
+type, only for projects with an endpoint, even when recording failed once after the move, and an
+attempt claimed by one deliverer at a time."""
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -10,13 +12,22 @@ from collections.abc import AsyncIterator
 import pytest
 
 from deploy.local.stack import Stack
+from services.api.schemas import BatchCreateParams
+from services.api.service.batches import BatchService
+from services.api.service.files import FileService
 from shared.documents import BatchDocument
+from shared.lifecycle import BatchStatus
 from shared.mongo import Mongo
 from shared.protocol.openai import BatchError
-from shared.settings import MongoSettings, WebhookEndpoint
+from shared.settings import ApiSettings, MongoSettings, WebhookEndpoint
+from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
+from shared.stores.idempotency import IdempotencyStore
+from shared.stores.models import ModelStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
+from tests.support.waiting import eventually
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -116,3 +127,50 @@ async def test_an_attempt_is_claimed_by_one_deliverer_until_its_lease_ends(
     await events.delivered(second, later)
     assert (await events.get(first.id)).status == "delivered"  # type: ignore[union-attr]
     assert await events.claim(later + 100, lease_s=30) is None
+
+
+class RecorderFailingOnceFake:
+    """The event recorder, but its first call fails (MongoDB hiccups right after the move)."""
+
+    def __init__(self, recorder: EventRecorder) -> None:
+        self.recorder = recorder
+        self.calls = 0
+
+    async def batch_ended(self, batch_id: str, project: str, status: BatchStatus) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("webhook_events unavailable")
+        await self.recorder.batch_ended(batch_id, project, status)
+
+
+async def test_batch_failed_is_recorded_when_recording_failed_once_after_the_move(
+    stand_ins: Stack, mongo: Mongo, events: WebhookEventStore
+) -> None:
+    endpoints = {"hooked": WebhookEndpoint(url="http://127.0.0.1:1/hooks", secret=SECRET)}
+    flaky = RecorderFailingOnceFake(EventRecorder(events, endpoints))
+    batches = BatchStore(mongo.batches, on_end=flaky.batch_ended)
+    store = ObjectStore(stand_ins.storage_settings())
+    settings = ApiSettings(process_attempts=3, process_retry_wait_s=0.01)
+    files = FileService(FileStore(mongo.files), batches, store, settings)
+    service = BatchService(
+        batches,
+        ModelStore(mongo.models),
+        IdempotencyStore(mongo.idempotency),
+        store,
+        files,
+        None,
+        settings,  # type: ignore[arg-type]
+    )
+    try:
+        data = b"this is not json\n"
+        upload = await files.upload("hooked", io.BytesIO(data), len(data), "in.jsonl", "batch")
+        created = await service.create("hooked", BatchCreateParams(input_file_id=upload.id))
+        event = await eventually(
+            lambda: events.get(f"evt_{created.id}_batch.failed"), 30, "the batch.failed event"
+        )
+    finally:
+        await service.shutdown()
+        store.close()
+    assert flaky.calls == 2 and event.status == "pending"
+    batch = await batches.get(created.id)
+    assert batch is not None and batch.status == "failed"
