@@ -247,7 +247,7 @@ class WebhookSettings(BaseSettings):
     """Batch event webhooks (``batch.completed``, ``.failed``, ``.expired``, ``.cancelled``);
     see docs/webhooks.md."""
 
-    model_config = _config("WEBHOOK_")
+    model_config = SettingsConfigDict(**_config("WEBHOOK_"), env_ignore_empty=True)  # compose's empty default
     endpoints: dict[str, WebhookEndpoint] = Field(default_factory=dict)
     """JSON object of project to endpoint, ``{"<project>": {"url": "https://...", "secret":
     "whsec_<base64 key>"}}``. A project without one records no events. A bad url or secret stops

@@ -85,6 +85,11 @@ def test_endpoints_are_read_per_project_from_json(monkeypatch: pytest.MonkeyPatc
     assert SPEC_SECRET not in repr(endpoint)  # the secret stays out of logs
 
 
+def test_an_empty_endpoints_variable_means_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSTREAM_WEBHOOK_ENDPOINTS", "")  # docker-compose.yml's default
+    assert WebhookSettings().endpoints == {}
+
+
 @pytest.mark.parametrize(
     ("endpoint", "message"),
     [
