@@ -22,7 +22,7 @@ Model documents (``models`` collection), upserted by inference workers as a hear
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -106,3 +106,24 @@ class FileDocument(StoredDocument):
         return FileObject.model_validate(
             self.model_dump(exclude={"project", "object_key", "deleted", "sort_key"})
         )
+
+
+class WebhookEventDocument(StoredDocument):
+    """One batch event to deliver (``webhook_events`` collection, ``shared/stores/webhooks.py``).
+
+    ``status`` is ``pending`` until a receiver answers 2xx (``delivered``) or the event is older
+    than the retry window (``failed``). ``attempts`` counts attempts started; ``lease_until`` and
+    ``lease_token`` mark the deliverer that owns the attempt in flight.
+    """
+
+    project: str
+    type: str
+    batch_id: str
+    created_at: int
+    status: Literal["pending", "delivered", "failed"] = "pending"
+    attempts: int = 0
+    next_attempt_at: float = 0.0
+    lease_until: float = 0.0
+    lease_token: str | None = None
+    last_error: str | None = None
+    delivered_at: float | None = None

@@ -46,11 +46,16 @@ class Mongo:
     def models(self) -> AsyncCollection[Document]:
         return self.db["models"]
 
+    @property
+    def webhook_events(self) -> AsyncCollection[Document]:
+        return self.db["webhook_events"]
+
     async def ensure_indexes(self) -> None:
         await self.files.create_index([("project", ASCENDING), ("sort_key", DESCENDING)])
         await self.batches.create_index([("project", ASCENDING), ("sort_key", DESCENDING)])
         await self.batches.create_index([("status", ASCENDING)])
         await self.idempotency.create_index([("created_at_date", ASCENDING)], expireAfterSeconds=86_400)
+        await self.webhook_events.create_index([("status", ASCENDING), ("next_attempt_at", ASCENDING)])
 
     async def ping(self) -> None:
         """Ask the server; a pooled connection found closed (the server dropped it while idle,

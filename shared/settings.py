@@ -7,7 +7,11 @@ deploy.config_docs`` generates from these classes (a unit test fails when the pa
 
 from __future__ import annotations
 
-from pydantic import Field
+import base64
+import binascii
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_API_KEY = "sk-batchstream-local"
@@ -212,3 +216,68 @@ class AggregatorSettings(BaseSettings):
     sweep_seconds: float = 5.0
     """How often the aggregator looks for batches to end: complete, expired, or cancelling past
     the cancel timeout."""
+
+
+WEBHOOK_SECRET_PREFIX = "whsec_"
+
+
+class WebhookEndpoint(BaseModel):
+    """Where one project's batch events go, and the secret that signs them (docs/webhooks.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    url: str
+    secret: str = Field(repr=False)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in {"http", "https"} or not parts.netloc:
+            raise ValueError(f"a webhook url must be http(s)://host/...; got {url!r}")
+        return url
+
+    @field_validator("secret")
+    @classmethod
+    def _whsec_secret(cls, secret: str) -> str:
+        if not secret.startswith(WEBHOOK_SECRET_PREFIX):
+            raise ValueError("a webhook secret must start with 'whsec_' (then the base64 key)")
+        try:
+            key = base64.b64decode(secret.removeprefix(WEBHOOK_SECRET_PREFIX), validate=True)
+        except binascii.Error as e:
+            raise ValueError("a webhook secret must be 'whsec_' followed by base64") from e
+        if len(key) < 24:
+            raise ValueError("a webhook secret's key must be at least 24 bytes (32 recommended)")
+        return secret
+
+    @property
+    def key(self) -> bytes:
+        """The HMAC key: the base64 after the ``whsec_`` prefix, decoded."""
+        return base64.b64decode(self.secret.removeprefix(WEBHOOK_SECRET_PREFIX))
+
+
+class WebhookSettings(BaseSettings):
+    """Batch event webhooks (``batch.completed``, ``.failed``, ``.expired``, ``.cancelled``);
+    see docs/webhooks.md."""
+
+    model_config = SettingsConfigDict(**_config("WEBHOOK_"), env_ignore_empty=True)  # compose's empty default
+    endpoints: dict[str, WebhookEndpoint] = Field(default_factory=dict)
+    """JSON object of project to endpoint, ``{"<project>": {"url": "https://...", "secret":
+    "whsec_<base64 key>"}}``. A project without one records no events. A bad url or secret stops
+    the api and the aggregator at start-up."""
+    max_age_s: float = Field(default=72 * 3600, gt=0)
+    """How long an event is retried after it was recorded (OpenAI's 72 hours); then it is marked
+    failed (``batchstream_webhook_deliveries_total{outcome="failed"}``)."""
+    first_retry_s: float = Field(default=5.0, gt=0)
+    """Wait before the second attempt; it doubles each attempt (with jitter) up to
+    ``max_retry_s``."""
+    max_retry_s: float = Field(default=3600.0, gt=0)
+    """Longest wait between two attempts."""
+    timeout_s: float = Field(default=10.0, gt=0)
+    """How long one attempt waits for the receiver's answer; only a 2xx counts as delivered."""
+    poll_seconds: float = Field(default=1.0, gt=0)
+    """How often the aggregator looks for events due for an attempt."""
+    lease_s: float = Field(default=60.0, gt=0)
+    """An aggregator that claimed an event owns that attempt this long (longer than
+    ``timeout_s``), so two workers never send the same attempt at once."""
+    concurrency: int = Field(default=8, ge=1)
+    """Events one aggregator sends at once."""

@@ -11,7 +11,7 @@ import faust
 from services.aggregator.app import app, config, kafka_settings
 from shared.kafka import ensure_topics, wait_for_kafka
 from shared.logging import configure_logging
-from shared.settings import RuntimeSettings, StorageSettings
+from shared.settings import RuntimeSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
 
 log = logging.getLogger("services.aggregator")
@@ -48,6 +48,7 @@ def main() -> None:
     runtime_settings = RuntimeSettings()
     configure_logging("services.aggregator", runtime_settings.log_level)  # until faust's own
     runtime_settings.check_secrets()
+    WebhookSettings()  # a bad webhook url or secret stops the start here, before joining the group
     asyncio.run(prepare())
     log.info("aggregator starting", extra={"web_port": config.web_port, "app_id": app.conf.id})
     import services.aggregator.agents  # noqa: F401  (registers agents, timers, pages)

@@ -3,7 +3,8 @@
 faust starts this service with the app and before table recovery (``faust_adapter.start_with_app``)
 and stops it after the app's consumer, agents and ``on_before_shutdown`` (which drains the runtime).
 So the Mongo and S3 clients exist from before the agent's first chunk until after its last one,
-and the stall supervisor runs while the worker rebalances or recovers, not only once it processes.
+and the stall supervisor (and the webhook deliverer, when a project has an endpoint) runs while
+the worker rebalances or recovers, not only once it processes.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class AggregatorWorker(Service):
     async def on_start(self) -> None:
         self._runtime = Runtime(self.config, self._states)
         self.add_future(self._supervise())
+        if self._runtime.webhook_settings.endpoints:
+            self.add_future(self._deliver_webhooks(self._runtime))
 
     async def _supervise(self) -> None:
         async for _ in self.itertimer(self.config.stall_check_seconds, name="stall-check"):
@@ -62,6 +65,15 @@ class AggregatorWorker(Service):
                 self.stall_check.tick()
             except Exception:
                 log.exception("stall check failed; trying again at the next one")
+
+    async def _deliver_webhooks(self, runtime: Runtime) -> None:
+        """Send due webhook events (``webhooks.py``); from start to stop, rebalances included."""
+        poll = runtime.webhook_settings.poll_seconds
+        async for _ in self.itertimer(poll, name="webhooks"):
+            try:
+                await runtime.webhooks.deliver_due()
+            except Exception:
+                log.exception("webhook delivery failed; trying again at the next poll")
 
     async def drain(self) -> None:
         """Finish running finalizations and write the last counts (the app is stopping)."""

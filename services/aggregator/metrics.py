@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Enum, Histogram
+from prometheus_client import Counter, Enum, Gauge, Histogram
 
 RESULTS_PROCESSED = Counter(
     "batchstream_aggregator_results_processed_total",
@@ -46,4 +46,14 @@ REWINDS = Counter(
     "batchstream_aggregator_offset_rewinds_total",
     "Times a results partition was fetched again from its committed offset because faust had "
     "dropped offsets it would never deliver (offset_gaps.py).",
+)
+WEBHOOK_DELIVERIES = Counter(
+    "batchstream_webhook_deliveries_total",
+    "Webhook events settled, by outcome: delivered (a 2xx), failed (given up after the retry "
+    "window); retry counts attempts that will be made again.",
+    ["outcome"],
+)
+WEBHOOK_ATTEMPTS = Counter("batchstream_webhook_attempts_total", "Webhook delivery attempts sent.")
+WEBHOOK_QUEUE = Gauge(
+    "batchstream_webhook_queue_size", "Webhook events pending (not yet delivered nor given up)."
 )

@@ -17,9 +17,12 @@ from services.aggregator.counts import CountsFlusher
 from services.aggregator.processor import ChunkProcessor, FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.sinks import ChunkWriter, Finalizer
+from services.aggregator.webhooks import WebhookDeliverer
 from shared.mongo import Mongo
-from shared.settings import MongoSettings, StorageSettings
+from shared.settings import MongoSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
+from shared.stores.webhooks import WebhookEventStore
+from shared.webhooks import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,10 @@ class Runtime:
         self.store = ObjectStore(StorageSettings())
         self.directory = BatchDirectory(self.mongo.batches, config.batch_cache_size)
         self.counts = CountsFlusher(self.mongo.batches, states)
+        self.webhook_settings = WebhookSettings()
+        webhook_events = WebhookEventStore(self.mongo.webhook_events)
+        recorder = EventRecorder(webhook_events, self.webhook_settings.endpoints)
+        self.webhooks = WebhookDeliverer(webhook_events, self.webhook_settings)
         self.finalizer = Finalizer(
             batches=self.mongo.batches,
             files=self.mongo.files,
@@ -45,6 +52,7 @@ class Runtime:
             work_dir=config.data_dir,
             download_concurrency=config.download_concurrency,
             cancel_timeout_s=config.cancel_timeout_s,
+            on_end=recorder.batch_ended,
         )
         self.scheduler = FinalizeScheduler(self.finalizer, config.finalize_concurrency)
         self.processor = ChunkProcessor(
@@ -85,5 +93,6 @@ class Runtime:
             log.warning("last counts flush failed", exc_info=True)
 
     async def close(self) -> None:
+        await self.webhooks.close()
         await self.mongo.close()
         self.store.close()

@@ -32,7 +32,7 @@ from shared.protocol.messages import ResultMessage
 from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
 from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
-from shared.stores.batches import BatchStore
+from shared.stores.batches import BatchStore, EndListener
 from shared.stores.files import FileStore
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,9 @@ class Finalizer:
         work_dir: str,
         download_concurrency: int = 16,
         cancel_timeout_s: float = 60.0,
+        on_end: EndListener | None = None,
     ) -> None:
-        self._batches = BatchStore(batches)
+        self._batches = BatchStore(batches, on_end)
         self._files = FileStore(files)
         self._store = store
         self._states = states
@@ -116,6 +117,7 @@ class Finalizer:
         status = batch.status
         input_file_id = batch.input_file_id
         if status in lifecycle.TERMINAL:
+            await self._batches.announce_end(batch)  # recorded once, even if recorded before
             await self.cleanup(batch_id, status, input_file_id)
             return status
         total = batch.request_counts.total

@@ -27,12 +27,15 @@ from shared.settings import (
     MongoSettings,
     RuntimeSettings,
     StorageSettings,
+    WebhookSettings,
 )
 from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
+from shared.stores.webhooks import WebhookEventStore
+from shared.webhooks import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ LATENCY = Histogram("batchstream_api_request_seconds", "HTTP request latency", [
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     api_settings, kafka_settings = ApiSettings(), KafkaSettings()
+    webhook_endpoints = WebhookSettings().endpoints  # a bad url or secret stops the start here
     mongo = Mongo(MongoSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
     store = ObjectStore(StorageSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
     await wait_for_kafka(kafka_settings)
@@ -51,7 +55,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         await mongo.ensure_indexes()
         await store.ensure_bucket()
-        batch_store, file_store = BatchStore(mongo.batches), FileStore(mongo.files)
+        # The api ends a batch ``failed`` (validation); its event is recorded here, sent by the
+        # aggregator (services/aggregator/webhooks.py).
+        recorder = EventRecorder(WebhookEventStore(mongo.webhook_events), webhook_endpoints)
+        batch_store = BatchStore(mongo.batches, on_end=recorder.batch_ended)
+        file_store = FileStore(mongo.files)
         model_store = ModelStore(mongo.models)
         file_service = FileService(file_store, batch_store, store, api_settings)
         batch_service = BatchService(

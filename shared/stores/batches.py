@@ -3,13 +3,15 @@
 Status changes are named operations (start, fail, request_cancel, finalizing, finish) guarded by
 the lifecycle: each is one conditional update on the statuses the move may start from
 (:func:`shared.lifecycle.sources`), so a racing writer can never move a batch that already left
-them, and each returns whether it moved the batch.
+them, and each returns whether it moved the batch. A move to a terminal status calls the
+store's ``on_end`` listener (the webhook event recorder, ``shared/webhooks.py``) right after it
+succeeds, so every way a batch ends records its event in this one place.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,8 @@ from shared.lifecycle import BatchStatus
 from shared.protocol.openai import BatchError, BatchErrors
 
 Document = dict[str, Any]
+# (batch id, project, terminal status), awaited after a batch ended.
+EndListener = Callable[[str, str, BatchStatus], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,9 @@ def _now() -> int:
 
 
 class BatchStore:
-    def __init__(self, collection: AsyncCollection[Document]) -> None:
+    def __init__(self, collection: AsyncCollection[Document], on_end: EndListener | None = None) -> None:
         self._batches = collection
+        self._on_end = on_end
 
     # ---------------------------------------------------------------- reads
 
@@ -121,8 +126,20 @@ class BatchStore:
     async def _move(self, batch_id: str, target: BatchStatus, fields: Document | None = None) -> bool:
         update = {"status": target, f"{target}_at": _now(), **(fields or {})}
         guard = {"_id": batch_id, "status": {"$in": sorted(lifecycle.sources(target))}}
-        result = await self._batches.update_one(guard, {"$set": update})
-        return result.modified_count > 0
+        if self._on_end is None or target not in lifecycle.TERMINAL:
+            result = await self._batches.update_one(guard, {"$set": update})
+            return result.modified_count > 0
+        before = await self._batches.find_one_and_update(guard, {"$set": update}, projection={"project": 1})
+        if before is None:
+            return False
+        await self._on_end(batch_id, str(before.get("project") or "default"), target)
+        return True
+
+    async def announce_end(self, batch: BatchDocument) -> None:
+        """Call the end listener again for a batch found terminal (a finalize repeated after a
+        crash between the move and the listener; the recorder stores an event once)."""
+        if self._on_end is not None and batch.status in lifecycle.TERMINAL:
+            await self._on_end(batch.id, batch.project, batch.status)
 
     async def start(self, batch_id: str, model: str | None, total: int) -> bool:
         """validating -> in_progress, with the model and the number of request lines."""

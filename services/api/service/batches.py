@@ -223,6 +223,9 @@ class BatchService:
         return await self.batches.get(batch.id) or batch
 
     async def _process_once(self, batch: BatchDocument, input_file: FileDocument | None) -> None:
+        if batch.status in TERMINAL:  # ended by a try that failed after the move: its webhook
+            await self.batches.announce_end(batch)  # event again (recorded once)
+            return
         if input_file is None:
             input_file = await self.files.documents.get(batch.input_file_id)
         with LineSpool() as spool:
