@@ -157,6 +157,11 @@ class InferenceSettings(BaseSettings):
     """vLLM ``--gpu-memory-utilization``."""
     enforce_eager: bool = False
     """vLLM ``--enforce-eager`` (no CUDA graphs; faster start)."""
+    prompt_tokens_details: bool = True
+    """vLLM ``--enable-prompt-tokens-details``: chat and completions bodies report
+    ``usage.prompt_tokens_details.cached_tokens`` (prompt tokens served from the prefix cache),
+    which the batch's ``usage.input_tokens_details.cached_tokens`` sums. Responses bodies always
+    report it."""
     max_in_flight: int = 0
     """Requests held by the worker at once; its partitions pause while full. 0: twice
     ``max_num_seqs``."""

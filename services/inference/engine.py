@@ -1,8 +1,8 @@
 """The engine contract: what the worker asks of an engine, and the types they speak.
 
 An engine serves one model. It answers a request like vLLM's OpenAI server would: an HTTP-like
-status code and the exact JSON body (a ``chat.completion``, ``text_completion`` or embedding
-``list``; or an error envelope), as raw JSON bytes, with the token usage beside it. It never
+status code and the exact JSON body (a ``chat.completion``, ``text_completion``, ``response`` or
+embedding ``list``; or an error envelope), as raw JSON bytes, with the token usage beside it. It never
 raises for a bad request: a client mistake is a 4xx answer, so the worker goes on.
 
 The cancellation rule, which every engine enforces itself (``runs.RunRegistry`` does it for
@@ -38,7 +38,8 @@ from shared.protocol.messages import TokenUsage
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-GENERATE_ENDPOINTS = (CHAT, COMPLETIONS)
+RESPONSES = "/v1/responses"
+GENERATE_ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +142,22 @@ def unsupported_endpoint(url: str, endpoints: tuple[str, ...]) -> Answer:
 
 
 def refuse_before_running(url: str, body: dict[str, Any], endpoints: tuple[str, ...]) -> Answer | None:
-    """The refusals every engine makes before running anything: unknown endpoint, streaming."""
+    """The refusals every engine makes before running anything: unknown endpoint, streaming, and
+    a Responses request that needs a store of responses (a batch line keeps none)."""
     if url not in endpoints:
         return unsupported_endpoint(url, endpoints)
     if body.get("stream"):
         return error_answer("Request must not be sent in stream mode", param="stream")
+    if url == RESPONSES:
+        for field in RESPONSES_NEEDING_A_STORE:
+            if body.get(field):
+                return error_answer(f"{field} is not supported in a batch", param=field)
     return None
+
+
+RESPONSES_NEEDING_A_STORE = ("background", "previous_response_id")
+"""Responses fields a batch line cannot honour: the engine stores no response, so a line can
+neither run in the background (to be fetched later) nor continue a stored response."""
 
 
 def _default_type(status: int) -> str:

@@ -18,6 +18,7 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RESPONSES,
     Answer,
     error_answer,
     refuse_before_running,
@@ -28,7 +29,7 @@ from shared.protocol.messages import TokenUsage
 FAKE_TEXT = "ok"
 EMBEDDING_DIM = 8
 # The field each endpoint's request cannot do without (what vLLM's request models require).
-_REQUIRED = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input"}
+_REQUIRED = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input", RESPONSES: "input"}
 
 
 class FakeEngine:
@@ -40,7 +41,7 @@ class FakeEngine:
         self,
         model_id: str = "fake-model",
         max_context_length: int = 2048,
-        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS),
+        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES),
         seconds_per_token: float = 0.0,
     ) -> None:
         self.model_id = model_id
@@ -82,7 +83,7 @@ class FakeEngine:
         required = _REQUIRED[url]
         if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
             return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
-        prompt_tokens = _count_tokens(body[required])
+        prompt_tokens = _count_tokens(body[required]) + _count_tokens(body.get("instructions"))
         limit = min(max_context_length or self.max_context_length, self.max_context_length)
         if prompt_tokens > limit:
             return error_answer(
@@ -95,6 +96,8 @@ class FakeEngine:
         usage = TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=1, total_tokens=prompt_tokens + 1)
         if url == CHAT:
             return Answer.of(200, self._chat(request_id, usage), usage)
+        if url == RESPONSES:
+            return Answer.of(200, self._response(request_id, usage), usage)
         return Answer.of(200, self._completion(request_id, usage), usage)
 
     def _chat(self, request_id: str, usage: TokenUsage) -> dict[str, Any]:
@@ -117,6 +120,36 @@ class FakeEngine:
             "model": self.model_id,
             "choices": [choice],
             "usage": _usage_body(usage),
+        }
+
+    def _response(self, request_id: str, usage: TokenUsage) -> dict[str, Any]:
+        content: dict[str, Any] = {
+            "type": "output_text",
+            "text": FAKE_TEXT,
+            "annotations": [],
+            "logprobs": None,
+        }
+        message = {
+            "id": f"msg_{request_id}",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [content],
+        }
+        return {
+            "id": f"resp_{request_id}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": self.model_id,
+            "status": "completed",
+            "output": [message],
+            "usage": {
+                "input_tokens": usage.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": usage.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage.total_tokens,
+            },
         }
 
     def _embedding(self, body: dict[str, Any], usage: TokenUsage) -> dict[str, Any]:
@@ -144,7 +177,7 @@ def _usage_body(usage: TokenUsage) -> dict[str, int]:
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
-    value = body.get("max_tokens") or body.get("max_completion_tokens") or 1
+    value = body.get("max_tokens") or body.get("max_completion_tokens") or body.get("max_output_tokens") or 1
     return value if isinstance(value, int) and value > 0 else 1
 
 

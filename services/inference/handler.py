@@ -23,6 +23,7 @@ from services.inference import metrics
 from services.inference.control import BatchControl
 from services.inference.engine import (
     GENERATE_ENDPOINTS,
+    RESPONSES,
     Answer,
     Engine,
     EngineUnavailable,
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 # SamplingDefaults field -> the body field it fills when the body leaves it unset.
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+_MAX_OUTPUT_FIELD = "max_output_tokens"  # a Responses body's name for it
 
 
 def apply_defaults(url: str, body: dict[str, Any], defaults: SamplingDefaults | None) -> None:
@@ -54,7 +56,12 @@ def apply_defaults(url: str, body: dict[str, Any], defaults: SamplingDefaults | 
         value = getattr(defaults, source)
         if value is not None and body.get(field) is None:
             body[field] = value
-    if defaults.max_decoding_length is not None and all(body.get(f) is None for f in _MAX_TOKEN_FIELDS):
+    if defaults.max_decoding_length is None:
+        return
+    if url == RESPONSES:
+        if body.get(_MAX_OUTPUT_FIELD) is None:
+            body[_MAX_OUTPUT_FIELD] = defaults.max_decoding_length
+    elif all(body.get(f) is None for f in _MAX_TOKEN_FIELDS):
         body["max_tokens"] = defaults.max_decoding_length
 
 

@@ -25,6 +25,7 @@ from vllm.entrypoints.launchers.api_server.entry import build_async_engine_clien
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 from vllm.entrypoints.serve import create_error_response
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -39,6 +40,7 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RESPONSES,
     Answer,
     EngineUnavailable,
     error_answer,
@@ -76,6 +78,8 @@ def build_args(settings: InferenceSettings) -> Namespace:
         argv += ["--served-model-name", settings.served_model_name]
     if settings.enforce_eager:
         argv.append("--enforce-eager")
+    if settings.prompt_tokens_details:
+        argv.append("--enable-prompt-tokens-details")
     return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
 
 
@@ -107,6 +111,12 @@ class VllmEngine:
         self.max_context_length = client.model_config.max_model_len
         self.model_id = self._state.openai_serving_models.base_model_paths[0].name
         self.endpoints = self._supported_endpoints()
+        responses = getattr(self._state, "openai_serving_responses", None)
+        if responses is not None:
+            # A batch line keeps no response (see ``RESPONSES_NEEDING_A_STORE``): never the store,
+            # even with VLLM_ENABLE_RESPONSES_API_STORE set (it would grow without bound). A
+            # body's ``store: true`` is then ignored, as vLLM does by default.
+            responses.enable_store = False
         log.info(
             "vLLM engine ready",
             extra={"model": self.model_id, "tasks": list(tasks), "endpoints": self.endpoints},
@@ -131,6 +141,8 @@ class VllmEngine:
             found.append(CHAT)
         if getattr(self._state, "openai_serving_completion", None) is not None:
             found.append(COMPLETIONS)
+        if getattr(self._state, "openai_serving_responses", None) is not None:
+            found.append(RESPONSES)
         if getattr(self._state, "serving_embedding", None) is not None:
             found.append(EMBEDDINGS)
         return tuple(found)
@@ -170,7 +182,9 @@ class VllmEngine:
             return error_answer(
                 f"Invalid request body: {exc}", HTTPStatus.BAD_REQUEST, err_type="Bad Request"
             )
-        if hasattr(request, "request_id"):
+        if isinstance(request, ResponsesRequest):
+            request.request_id = f"resp_{request_id}"  # the response's id, as OpenAI's look
+        elif hasattr(request, "request_id"):
             request.request_id = request_id
         try:
             if max_context_length is not None and max_context_length < self.max_context_length:
@@ -188,6 +202,8 @@ class VllmEngine:
             return await self._state.openai_serving_chat.create_chat_completion(request, None)
         if url == COMPLETIONS:
             return await self._state.openai_serving_completion.create_completion(request, None)
+        if url == RESPONSES:
+            return await self._state.openai_serving_responses.create_responses(request, None)
         return await self._state.serving_embedding(request, None)
 
     async def _cap_context(self, url: str, request: Any, limit: int) -> Answer | None:
@@ -197,6 +213,8 @@ class VllmEngine:
         the same renderer the request will use). A completion prompt that is not one string is
         left to the engine's own limit.
         """
+        if url == RESPONSES:
+            return await self._cap_response_context(request, limit)
         if url == CHAT:
             probe: Any = TokenizeChatRequest(messages=request.messages)
         elif url == COMPLETIONS and isinstance(request.prompt, str):
@@ -218,12 +236,31 @@ class VllmEngine:
             request.max_tokens = min(request.max_tokens or room, room)
         return None
 
+    async def _cap_response_context(self, request: ResponsesRequest, limit: int) -> Answer | None:
+        """``_cap_context`` for a Responses request: its prompt (input items and instructions) is
+        counted by rendering it as the serving class will, then ``max_output_tokens`` is capped."""
+        serving = self._state.openai_serving_responses
+        rendered = await serving._render_resolved_response_inputs(request, None)
+        if isinstance(rendered, ErrorResponse):
+            return _to_answer(rendered)
+        prompt_tokens = serving._extract_prompt_len(rendered.engine_input)
+        room = limit - prompt_tokens
+        if room <= 0:
+            return error_answer(
+                f"Input length ({prompt_tokens}) exceeds the batch's maximum context length ({limit}).",
+                param="max_context_length",
+            )
+        request.max_output_tokens = min(request.max_output_tokens or room, room)
+        return None
+
 
 def _parse(url: str, body: dict[str, Any]) -> Any:
     if url == CHAT:
         return ChatCompletionRequest.model_validate(body)
     if url == COMPLETIONS:
         return CompletionRequest.model_validate(body)
+    if url == RESPONSES:
+        return ResponsesRequest.model_validate(body)
     return _EMBEDDING_ADAPTER.validate_python(body)
 
 
@@ -243,6 +280,8 @@ def _to_answer(result: Any) -> Answer:
         return Answer(int(result.error.code), result.model_dump_json().encode())
     if isinstance(result, Response):  # already serialised by the serving class
         return Answer(int(result.status_code), bytes(result.body), _usage_of_raw(result))
+    if isinstance(result, ResponsesResponse):  # vLLM's router sends it by alias
+        return Answer(200, result.model_dump_json(by_alias=True).encode(), _usage(result.usage))
     if isinstance(result, pydantic.BaseModel):
         usage = getattr(result, "usage", None)
         return Answer(200, result.model_dump_json().encode(), _usage(usage))

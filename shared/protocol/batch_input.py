@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from shared.protocol.openai import Endpoint
 
@@ -47,8 +47,27 @@ class EmbeddingBody(RequestBody):
     input: NonEmptyText | NonEmptyList
 
 
+class ResponsesBody(RequestBody):
+    """A Responses request: ``input`` (text or a list of items) and an optional output cap. A
+    batch keeps no response, so what needs a stored one (``background``,
+    ``previous_response_id``) is refused; ``store`` is accepted and ignored (nothing is stored)."""
+
+    input: NonEmptyText | NonEmptyList
+    max_output_tokens: PositiveInt | None = None
+    background: Any = None
+    previous_response_id: Any = None
+
+    @field_validator("background", "previous_response_id")
+    @classmethod
+    def _needs_no_store(cls, value: Any, info: ValidationInfo) -> Any:
+        if value:
+            raise ValueError(f"{info.field_name} is not supported in a batch: no response is stored")
+        return value
+
+
 BODY_BY_ENDPOINT: dict[Endpoint, tuple[type[RequestBody], str]] = {
     "/v1/chat/completions": (ChatCompletionBody, "messages"),
     "/v1/completions": (CompletionBody, "prompt"),
     "/v1/embeddings": (EmbeddingBody, "input"),
+    "/v1/responses": (ResponsesBody, "input"),
 }

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from shared.lifecycle import BatchStatus
 from shared.protocol.messages import SamplingDefaults
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
 SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
 
 

@@ -173,11 +173,16 @@ class InputValidator:
                 self._error(number, "invalid_request", f"body.{name}: {fields[name]}.", f"body.{name}")
 
     def _check_token_limit(self, number: int, body: dict[str, Any], context: int | None) -> None:
-        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        name = next((n for n in _OUTPUT_CAPS if body.get(n)), "max_tokens")
+        requested = body.get(name)
         if context and isinstance(requested, int) and requested > context:
             self._error(
                 number,
                 "token_limit_exceeded",
-                f"max_tokens {requested} exceeds the model's context length of {context}.",
-                "body.max_tokens",
+                f"{name} {requested} exceeds the model's context length of {context}.",
+                f"body.{name}",
             )
+
+
+# A body's output cap, by the names the endpoints give it (Responses: max_output_tokens).
+_OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")

@@ -74,6 +74,25 @@ def test_record_counts_and_sums_usage_of_successes_only() -> None:
     assert doc["input_tokens_details"] == {"cached_tokens": 4}
 
 
+def test_record_sums_responses_usage_in_the_batch_terms() -> None:
+    state = BatchState()
+    usage = {
+        "input_tokens": 12,
+        "input_tokens_details": {"cached_tokens": 8},
+        "output_tokens": 3,
+        "output_tokens_details": {"reasoning_tokens": 1},
+        "total_tokens": 15,
+    }
+    state.record([result(1, usage=usage), result(2, usage=usage)])
+    assert state.usage_document() == {
+        "input_tokens": 24,
+        "input_tokens_details": {"cached_tokens": 16},
+        "output_tokens": 6,
+        "output_tokens_details": {"reasoning_tokens": 2},
+        "total_tokens": 30,
+    }
+
+
 def test_usage_of_embeddings_and_errors() -> None:
     assert usage_of(result(1, usage={"prompt_tokens": 7, "total_tokens": 7}))["total_tokens"] == 7
     assert usage_of(result(1, usage={"prompt_tokens": 3, "completion_tokens": 4}))["total_tokens"] == 7

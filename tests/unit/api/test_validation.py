@@ -93,3 +93,54 @@ async def test_reported_errors_are_capped_but_all_are_counted() -> None:
     report = await validate([b"x"] * 10, max_errors=3)
     assert len(report.errors) == 3
     assert report.error_count == 10
+
+
+RESPONSES = "/v1/responses"
+
+
+def response_line(custom_id: str, **body: Any) -> bytes:
+    item = {"custom_id": custom_id, "method": "POST", "url": RESPONSES, "body": {"model": "m", **body}}
+    return json.dumps(item).encode()
+
+
+async def validate_responses(items: list[bytes]) -> ValidationReport:
+    return await InputValidator(RESPONSES, {"m": 1024}, 100, 100).run(_lines(items))
+
+
+async def test_a_good_responses_file_passes() -> None:
+    report = await validate_responses(
+        [
+            response_line("text", input="Say hi", instructions="Be brief.", max_output_tokens=16),
+            response_line("items", input=[{"role": "user", "content": "hi"}], temperature=0.2),
+            response_line("stored", input="hi", store=True, background=False),
+        ]
+    )
+    assert report.ok, report.errors
+    assert report.lines == 3 and report.model == "m"
+
+
+async def test_bad_responses_lines_are_reported_like_the_other_endpoints() -> None:
+    report = await validate_responses(
+        [
+            response_line("a", messages=MESSAGES),
+            response_line("b", input=""),
+            response_line("c", input="hi", stream=True),
+            response_line("d", input="hi", max_output_tokens=0),
+            response_line("e", input="hi", max_output_tokens=5000),
+            response_line("f", input="hi", background=True),
+            response_line("g", input="hi", previous_response_id="resp_1"),
+            line("h"),  # a chat line in a Responses batch
+        ]
+    )
+    assert codes(report) == [
+        (1, "invalid_request", "body.input"),
+        (2, "invalid_request", "body.input"),
+        (3, "streaming_unsupported", "body.stream"),
+        (4, "invalid_request", "body.max_output_tokens"),
+        (5, "token_limit_exceeded", "body.max_output_tokens"),
+        (6, "invalid_request", "body.background"),
+        (7, "invalid_request", "body.previous_response_id"),
+        (8, "invalid_url", "url"),
+        (8, "invalid_request", "body.input"),
+    ]
+    assert "not supported in a batch" in report.errors[5].message

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from services.inference.engine import CHAT, COMPLETIONS, Answer, Engine, RequestAborted
+from services.inference.engine import CHAT, COMPLETIONS, RESPONSES, Answer, Engine, RequestAborted
 
 ERROR_FIELDS = {"message", "type", "param", "code"}
 LONG_TOKENS = 1500
@@ -81,8 +81,47 @@ async def answers_completions(engine: Engine) -> None:
 
 
 @check
+async def answers_responses_with_a_response_object_and_its_usage(engine: Engine) -> None:
+    if RESPONSES not in engine.endpoints:
+        return
+    body = {"model": engine.model_id, "input": "Say hi", "instructions": "Be brief.", "max_output_tokens": 4}
+    answer = await engine.run(RESPONSES, {**body, "store": True}, "contract-responses")
+    assert answer.status == 200, answer.body[:300]
+    response = orjson.loads(answer.body)
+    assert response["object"] == "response" and response["model"] == engine.model_id
+    assert response["id"].startswith("resp_") and response["status"] in ("completed", "incomplete")
+    assert response["output"] and response["output"][0]["type"] == "message"
+    usage = response["usage"]
+    assert answer.usage is not None and answer.usage.prompt_tokens == usage["input_tokens"] > 0
+    assert answer.usage.completion_tokens == usage["output_tokens"] > 0
+    assert answer.usage.cached_tokens == usage["input_tokens_details"]["cached_tokens"]
+    assert b"\n" not in answer.body
+    items = {**body, "input": [{"role": "user", "content": "Say hi"}], "max_output_tokens": 2}
+    assert (await engine.run(RESPONSES, items, "contract-responses-items")).ok
+
+
+@check
+async def refuses_responses_that_need_a_store_with_400(engine: Engine) -> None:
+    if RESPONSES not in engine.endpoints:
+        return
+    base = {"model": engine.model_id, "input": "hi", "max_output_tokens": 2}
+    assert_error(await engine.run(RESPONSES, {**base, "background": True}, "contract-bg"), 400)
+    assert_error(
+        await engine.run(RESPONSES, {**base, "previous_response_id": "resp_x"}, "contract-prev"), 400
+    )
+
+
+@check
+async def refuses_a_response_over_the_request_context_cap_with_400(engine: Engine) -> None:
+    if RESPONSES not in engine.endpoints:
+        return
+    body = {"model": engine.model_id, "input": " ".join(["word"] * 64), "max_output_tokens": 2}
+    assert_error(await engine.run(RESPONSES, body, "contract-responses-cap", max_context_length=8), 400)
+
+
+@check
 async def refuses_an_unsupported_endpoint_with_404(engine: Engine) -> None:
-    assert_error(await engine.run("/v1/responses", {"model": engine.model_id}, "contract-404"), 404)
+    assert_error(await engine.run("/v1/images/generations", {"model": engine.model_id}, "contract-404"), 404)
 
 
 @check

@@ -9,7 +9,15 @@ import orjson
 import pytest
 
 from services.inference import metrics
-from services.inference.engine import CHAT, COMPLETIONS, EMBEDDINGS, Answer, EngineUnavailable, error_answer
+from services.inference.engine import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    RESPONSES,
+    Answer,
+    EngineUnavailable,
+    error_answer,
+)
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import EngineRetry, RequestHandler, apply_defaults, context_limit
 from shared.protocol.messages import ControlMessage, RequestMessage, SamplingDefaults
@@ -62,6 +70,26 @@ def test_max_decoding_length_is_the_max_tokens_fallback() -> None:
     body = {"max_tokens": 3}
     apply_defaults(COMPLETIONS, body, DEFAULTS)
     assert body["max_tokens"] == 3
+
+
+def test_responses_take_the_defaults_with_max_decoding_length_as_max_output_tokens() -> None:
+    body: dict[str, Any] = {"input": "x", "top_p": 0.3}
+    apply_defaults(RESPONSES, body, DEFAULTS)
+    assert body == {"input": "x", "top_p": 0.3, "temperature": 0.5, "top_k": 5, "max_output_tokens": 50}
+    body = {"input": "x", "max_output_tokens": 4}
+    apply_defaults(RESPONSES, body, DEFAULTS)
+    assert body["max_output_tokens"] == 4 and "max_tokens" not in body
+
+
+async def test_a_responses_line_becomes_a_result_with_the_bodys_usage() -> None:
+    handler = RequestHandler(FakeEngine(), retry=NO_WAIT)
+    body = {"model": "fake-model", "input": "one two three", "instructions": "be brief"}
+    result = await handler.handle(message(RESPONSES, body))
+    assert result.succeeded and result.usage is not None
+    response = orjson.loads(result.response.body)  # type: ignore[union-attr]
+    assert response["object"] == "response"
+    assert result.usage.prompt_tokens == response["usage"]["input_tokens"] == 5
+    assert result.usage.completion_tokens == response["usage"]["output_tokens"] == 1
 
 
 def test_embeddings_take_no_sampling_defaults() -> None:
