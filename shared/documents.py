@@ -9,8 +9,12 @@ Batch internal fields:
 - ``defaults``: ``SamplingDefaults`` as a dict (batch-level sampling defaults).
 - ``sort_key``: nanoseconds at creation (files too); lists sort and page by it.
 - ``output_expires_after``: ``{anchor, seconds}`` for the output and error files, or None.
-- ``emitted``: True once every request message has been published (a restarted api re-emits
-  batches left ``in_progress`` with ``emitted`` False; duplicates are counted once downstream).
+- ``emitted``: True once the dispatcher has published every request line.
+- ``dispatchable``: set once the batch is validated: the api's dispatcher streams its lines from
+  the input file (its read position lives in ``dispatch_positions``, see services/api/dispatch).
+- ``priority``: the dispatch priority given at create (also public: echoed on the Batch).
+- ``seen_lines``: the aggregator's seen-lines bitmap (zlib-compressed bytes, bit ``n - 1`` for
+  line ``n``), written with its batched counts flush; the dispatcher reads it to find lost lines.
 
 Model documents (``models`` collection), upserted by inference workers as a heartbeat:
 ``{_id: model_id, created: int, max_context_length: int, endpoints: [str], last_seen: float}``.
@@ -23,7 +27,15 @@ from typing import Any
 
 from shared.protocol.openai import Batch, FileObject
 
-BATCH_INTERNAL_FIELDS = ("project", "defaults", "emitted", "output_expires_after", "sort_key")
+BATCH_INTERNAL_FIELDS = (
+    "project",
+    "defaults",
+    "emitted",
+    "dispatchable",
+    "seen_lines",
+    "output_expires_after",
+    "sort_key",
+)
 FILE_INTERNAL_FIELDS = ("project", "object_key", "deleted", "sort_key")
 
 

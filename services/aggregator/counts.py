@@ -13,6 +13,7 @@ batch marked outside the agent).
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -72,6 +73,8 @@ class CountsFlusher:
                     "request_counts.completed": state.completed,
                     "request_counts.failed": state.failed,
                     "usage": state.usage_document(),
+                    # For the api's dispatcher: which lines have a result (zlib bitmap bytes).
+                    "seen_lines": base64.b64decode(raw.get("seen") or ""),
                 }
             },
         )

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import Counter, Histogram
 
+from services.api.dispatch.loop import Dispatcher
+from services.api.dispatch.settings import DispatchSettings
 from services.api.errors import install_error_handlers
 from services.api.routes import batches, files, health, models, partial
 from services.api.service.batches import BatchService
@@ -51,10 +56,22 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
         app.state.files, app.state.batches = file_service, batch_service
         app.state.keys = KeyRing(mongo, api_settings.project_by_key())
+        dispatcher = Dispatcher(
+            mongo=mongo,
+            store=store,
+            producer=producer,
+            kafka=kafka_settings,
+            settings=DispatchSettings(),
+            owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+        )
+        batch_service.on_dispatchable = dispatcher.wake
+        app.state.dispatcher = dispatcher
         await batch_service.recover()
+        dispatcher.start()
         log.info("api ready", extra={"port": api_settings.port})
         yield
         await batch_service.shutdown()
+        await dispatcher.stop()
     finally:
         await producer.stop()
         await mongo.close()

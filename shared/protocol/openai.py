@@ -102,6 +102,8 @@ class Batch(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    # batchstream's dispatch priority (an extension; higher first; 0 unless given at create).
+    priority: int = 0
 
 
 class ModelCard(BaseModel):

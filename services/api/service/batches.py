@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pymongo import DESCENDING
@@ -75,6 +76,7 @@ class BatchService:
         self.settings = settings
         self.dedupe = CreateDeduplicator(mongo, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
 
     async def create(
         self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
@@ -123,6 +125,7 @@ class BatchService:
                 params.output_expires_after.model_dump() if params.output_expires_after else None
             ),
             "emitted": False,
+            "priority": params.priority or 0,
         }
         await self.mongo.batches.insert_one(doc)
         self.start_processing(doc["_id"])
@@ -192,9 +195,9 @@ class BatchService:
             doc = await self.mongo.batches.find_one({"_id": batch_id})
             if doc is None or doc["status"] != "in_progress" or doc.get("emitted"):
                 return
-            key = (await self.mongo.files.find_one({"_id": doc["input_file_id"]}) or {})["object_key"]
-            await self.emitter.emit(doc, self.store.iter_lines(key))
-            await self.mongo.batches.update_one({"_id": batch_id}, {"$set": {"emitted": True}})
+            # The dispatcher (services/api/dispatch) streams the lines from the input file.
+            await self.mongo.batches.update_one({"_id": batch_id}, {"$set": {"dispatchable": True}})
+            self.on_dispatchable()
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -1,0 +1,141 @@
+"""Each dispatched line's journey to its result, and what to do when a hop dropped it.
+
+A line is tracked from its send (partition, offset) until the aggregator has seen its result.
+Once the inference group has committed past its offset, the worker has published its result (the
+worker commits only after the result is acknowledged); if the aggregator still has not seen it
+``grace_s`` later, a hop lost it, and the line is sent again, at most ``max_attempts`` times in
+all; after that it becomes a ``line_lost`` error line (published to the results topic, so the
+aggregator counts it like any result) and the batch can still complete.
+
+Which lines the aggregator has seen comes from the batch document's ``seen_lines``: the aggregator's
+seen-lines bitmap (zlib-compressed, bit ``n - 1`` for line ``n``) written with its batched counts
+flush. The book is pure (no I/O, time passed in); ``loop.py`` feeds it.
+
+A dispatcher that takes over does not know the offsets of lines an earlier one sent: it keeps a
+*doubt* per batch (lines below the position it resumed from) and, ``takeover_grace_s`` later, sends
+again those still without a result.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+LOST_CODE = "line_lost"
+
+
+@dataclass(slots=True)
+class SentLine:
+    batch_id: str
+    line: int
+    start: int  # byte offset of the line in the input file
+    length: int
+    partition: int
+    offset: int
+    attempt: int = 1
+    committed_at: float | None = None  # when the group's commit passed its offset
+
+
+@dataclass(frozen=True, slots=True)
+class Doubt:
+    batch_id: str
+    upto_line: int  # lines below this were sent by an earlier dispatcher
+    upto_byte: int
+    since: float
+
+
+class SeenBitmap:
+    """The aggregator's ``seen_lines`` as the dispatcher reads it."""
+
+    def __init__(self, stored: bytes | None) -> None:
+        self._bits = zlib.decompress(stored) if stored else b""
+
+    def __contains__(self, line: int) -> bool:
+        index = line - 1
+        byte = index >> 3
+        return 0 <= byte < len(self._bits) and bool(self._bits[byte] & (1 << (index & 7)))
+
+
+class JourneyBook:
+    def __init__(self, grace_s: float, max_attempts: int, takeover_grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.max_attempts = max(1, max_attempts)
+        self.takeover_grace_s = takeover_grace_s
+        self._lines: dict[tuple[str, int], SentLine] = {}
+        self._uncommitted: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+        self._doubts: dict[str, Doubt] = {}
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def sent(self, line: SentLine) -> None:
+        key = (line.batch_id, line.line)
+        old = self._lines.get(key)
+        if old is not None:
+            self._uncommitted[old.partition].pop(key, None)
+            line.attempt = max(line.attempt, old.attempt + 1)
+        self._lines[key] = line
+        self._uncommitted[line.partition][key] = line.offset
+
+    def in_topic(self) -> int:
+        """Our lines the group has not committed past yet (queued, or running in a worker)."""
+        return sum(len(p) for p in self._uncommitted.values())
+
+    def committed(self, offsets: dict[int, int], now: float) -> None:
+        """The group's committed offset per partition: lines below it have a published result."""
+        for partition, committed in offsets.items():
+            waiting = self._uncommitted.get(partition)
+            if not waiting:
+                continue
+            for key in [k for k, off in waiting.items() if off < committed]:
+                del waiting[key]
+                self._lines[key].committed_at = now
+
+    def batches_to_check(self) -> set[str]:
+        """Batches with lines past the commit, or doubts: read their ``seen_lines``."""
+        batches = {b for (b, _), line in self._lines.items() if line.committed_at is not None}
+        return batches | set(self._doubts)
+
+    def settle(self, batch_id: str, seen: SeenBitmap, now: float) -> tuple[list[SentLine], list[SentLine]]:
+        """Drop lines with a result; return ``(send_again, give_up)`` among the overdue rest."""
+        again: list[SentLine] = []
+        lost: list[SentLine] = []
+        for key in [k for k in self._lines if k[0] == batch_id]:
+            line = self._lines[key]
+            if line.line in seen:
+                self._drop(key)
+            elif line.committed_at is not None and line.committed_at + self.grace_s <= now:
+                if line.attempt >= self.max_attempts:
+                    self._drop(key)
+                    lost.append(line)
+                else:
+                    again.append(line)
+        return again, lost
+
+    def doubt(self, batch_id: str, upto_line: int, upto_byte: int, now: float) -> None:
+        if upto_line > 1 and batch_id not in self._doubts:
+            self._doubts[batch_id] = Doubt(batch_id, upto_line, upto_byte, now)
+
+    def due_doubt(self, batch_id: str, now: float) -> Doubt | None:
+        """A doubt old enough to act on; it is consumed."""
+        doubt = self._doubts.get(batch_id)
+        if doubt is None or doubt.since + self.takeover_grace_s > now:
+            return None
+        del self._doubts[batch_id]
+        return doubt
+
+    def tracked(self, batch_id: str, line: int) -> bool:
+        return (batch_id, line) in self._lines
+
+    def forget(self, batch_ids: Iterable[str]) -> None:
+        gone = set(batch_ids)
+        for key in [k for k in self._lines if k[0] in gone]:
+            self._drop(key)
+        for batch_id in gone:
+            self._doubts.pop(batch_id, None)
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        line = self._lines.pop(key)
+        self._uncommitted[line.partition].pop(key, None)

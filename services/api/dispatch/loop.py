@@ -1,0 +1,495 @@
+"""The dispatcher task the api lifespan starts: one loop per api process, all models.
+
+Each round, for every model with queued batches whose lease this replica holds: read the group's
+backlog (``meter``), ask the policy how to split what the topic may take (``policy``), read those
+lines from the input files in object storage (``reader``), publish one ``RequestMessage`` per line,
+record each line's partition and offset (``journey``) and advance the batch's position
+(``positions``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
+consumed but never answered are sent again. The batch service marks a validated batch
+``dispatchable`` and wakes the loop; cancelled and expired batches simply stop being dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from services.api.dispatch import metrics
+from services.api.dispatch.journey import LOST_CODE, JourneyBook, SeenBitmap, SentLine
+from services.api.dispatch.lease import LeaseStore
+from services.api.dispatch.meter import Backlog, GroupProbe
+from services.api.dispatch.policy import FairSharePolicy, QueuedBatch
+from services.api.dispatch.positions import Position, PositionStore
+from services.api.dispatch.reader import InputCursor, InputLine, read_line, scan
+from services.api.dispatch.settings import DispatchSettings
+from shared import ids
+from shared.kafka import encode, ensure_topics
+from shared.mongo import Mongo
+from shared.protocol.messages import LineError, RequestMessage, ResultMessage, SamplingDefaults
+from shared.settings import KafkaSettings
+from shared.storage import ObjectStore
+from shared.topics import model_slug, requests_topic, results_topic
+
+log = logging.getLogger(__name__)
+
+QUEUED_STATUSES = ["in_progress", "cancelling"]
+BATCH_FIELDS = {
+    "model": 1,
+    "project": 1,
+    "status": 1,
+    "priority": 1,
+    "expires_at": 1,
+    "sort_key": 1,
+    "input_file_id": 1,
+    "defaults": 1,
+    "request_counts.total": 1,
+    "emitted": 1,
+}
+LOST_MESSAGE = "This request was sent {n} times and no result ever reached the batch."
+
+
+@dataclass
+class QueuedState:
+    """What the loop keeps per batch it may dispatch."""
+
+    batch_id: str
+    model: str
+    project: str
+    status: str
+    total: int
+    priority: int
+    expires_at: float
+    order: int
+    object_key: str
+    defaults: SamplingDefaults
+    position: Position
+    emitted: bool = False
+    started: bool = False
+    cursor: InputCursor | None = None
+    dirty: bool = False
+    saved_at: float = 0.0
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.total - self.position.sent) if not self.position.done else 0
+
+    def queued(self) -> QueuedBatch:
+        return QueuedBatch(
+            batch_id=self.batch_id,
+            project=self.project,
+            remaining=self.remaining,
+            priority=self.priority,
+            expires_at=self.expires_at,
+            started=self.started,
+            order=self.order,
+        )
+
+
+@dataclass
+class _Model:
+    """Per-model state: the topic's backlog and the journey of its lines."""
+
+    topic: str
+    backlog: Backlog
+    book: JourneyBook
+    partitions: int = 0
+    metered_at: float = 0.0
+    held_at: float | None = None  # last lease renewal; None: not held
+
+
+@dataclass
+class _Pending:
+    state: QueuedState
+    line: InputLine
+    future: asyncio.Future[Any]
+    attempt: int = 1
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        mongo: Mongo,
+        store: ObjectStore,
+        producer: AIOKafkaProducer,
+        kafka: KafkaSettings,
+        settings: DispatchSettings,
+        owner: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.mongo, self.store, self.producer = mongo, store, producer
+        self.kafka, self.settings = kafka, settings
+        self.clock = clock
+        self.leases = LeaseStore(mongo.db["dispatch_leases"], owner, settings.lease_ttl_s)
+        self.positions = PositionStore(mongo.db["dispatch_positions"])
+        self.policy = FairSharePolicy(
+            weights=settings.weights(),
+            default_weight=settings.default_project_weight,
+            quantum=settings.quantum_lines,
+            start_lines=settings.start_lines,
+            deadline_resolution_s=settings.deadline_resolution_s,
+        )
+        self.probe = GroupProbe(kafka.bootstrap_servers)
+        self.batches: dict[str, QueuedState] = {}
+        self.models: dict[str, _Model] = {}
+        self._ensured: set[str] = set()
+        self._wake = asyncio.Event()
+        self._refresh_now = True
+        self._refreshed_at = 0.0
+        self._journeys_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="dispatcher")
+
+    def wake(self) -> None:
+        """A batch became dispatchable (or changed): look at the queue now, not next refresh."""
+        self._refresh_now = True
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop dispatching, persist positions and hand the leases over at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self._save_positions(self.clock(), force=True)
+            await self.leases.release([m for m, s in self.models.items() if s.held_at is not None])
+        except Exception:
+            log.exception("dispatcher shutdown: could not save positions or release leases")
+        for state in self.batches.values():
+            await self._close_cursor(state)
+        await self.probe.close()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("dispatch round failed; retrying")
+                await asyncio.sleep(1.0)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.round_seconds)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    # ----------------------------------------------------------------- round
+
+    async def round(self) -> int:
+        """One dispatch round over every model; returns the lines sent."""
+        now = self.clock()
+        if self._refresh_now or now - self._refreshed_at >= self.settings.refresh_seconds:
+            await self._refresh(now)
+        sent = 0
+        for model in sorted({s.model for s in self.batches.values()}):
+            if await self._lead(model, now):
+                await self._meter(model, now)
+                sent += await self._dispatch(model, now)
+        if now - self._journeys_at >= self.settings.journey_check_seconds:
+            self._journeys_at = now
+            await self._check_journeys(now)
+        await self._save_positions(now)
+        self._publish_metrics()
+        return sent
+
+    async def _refresh(self, now: float) -> None:
+        self._refresh_now, self._refreshed_at = False, now
+        query = {"dispatchable": True, "status": {"$in": QUEUED_STATUSES}}
+        docs = await self.mongo.batches.find(query, BATCH_FIELDS).to_list()
+        fresh = [d for d in docs if d["_id"] not in self.batches and d.get("model")]
+        if fresh:
+            await self._add(fresh, now)
+        for doc in docs:
+            state = self.batches.get(doc["_id"])
+            if state is not None:
+                state.status = doc["status"]
+        gone = set(self.batches) - {d["_id"] for d in docs}
+        if gone:
+            await self._forget(gone)
+
+    async def _add(self, docs: list[dict[str, Any]], now: float) -> None:
+        positions = await self.positions.load([d["_id"] for d in docs])
+        file_ids = list({d["input_file_id"] for d in docs})
+        keys = {
+            f["_id"]: f["object_key"]
+            async for f in self.mongo.files.find({"_id": {"$in": file_ids}}, {"object_key": 1})
+        }
+        for doc in docs:
+            key = keys.get(doc["input_file_id"])
+            if key is None:
+                continue  # the input file is gone: the batch cannot run (finalize fills it)
+            position = positions.get(doc["_id"], Position())
+            state = QueuedState(
+                batch_id=doc["_id"],
+                model=doc["model"],
+                project=str(doc.get("project") or "default"),
+                status=doc["status"],
+                total=int((doc.get("request_counts") or {}).get("total") or 0),
+                priority=int(doc.get("priority") or 0),
+                expires_at=float(doc.get("expires_at") or float("inf")),
+                order=int(doc.get("sort_key") or 0),
+                object_key=key,
+                defaults=SamplingDefaults.model_validate(doc.get("defaults") or {}),
+                position=position,
+                emitted=bool(doc.get("emitted")),
+                started=position.sent > 0,
+            )
+            self.batches[state.batch_id] = state
+            # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
+            self._model(state.model).book.doubt(state.batch_id, position.line, position.byte, now)
+
+    async def _forget(self, batch_ids: set[str]) -> None:
+        for batch_id in batch_ids:
+            state = self.batches.pop(batch_id, None)
+            if state is None:
+                continue
+            await self._close_cursor(state)
+            self._model(state.model).book.forget([batch_id])
+        self.policy.forget({s.project for s in self.batches.values()})
+
+    def _model(self, model: str) -> _Model:
+        found = self.models.get(model)
+        if found is None:
+            s = self.settings
+            found = _Model(
+                topic=requests_topic(self.kafka, model),
+                backlog=Backlog(s.worker_window, s.backlog_seconds, s.min_backlog, s.direct_weight),
+                book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
+            )
+            self.models[model] = found
+        return found
+
+    async def _lead(self, model: str, now: float) -> bool:
+        """Hold the model's lease; on taking it over, start from what MongoDB says."""
+        state = self._model(model)
+        if state.held_at is not None and now - state.held_at < self.settings.lease_renew_s:
+            return True
+        held = await self.leases.hold(model, now)
+        was_held = state.held_at is not None
+        state.held_at = now if held else None
+        metrics.LEADER.labels(model).set(1 if held else 0)
+        if held and not was_held:
+            log.info("dispatching", extra={"model": model, "owner": self.leases.owner})
+            await self._reload_model(model)
+            return False
+        if not held and was_held:
+            log.info("lost the dispatch lease", extra={"model": model})
+            await self._save_positions(now, force=True)
+            await self._reload_model(model)
+        return held
+
+    async def _reload_model(self, model: str) -> None:
+        """Drop what this process knew of the model's batches; the next refresh reloads them."""
+        await self._forget({b for b, s in self.batches.items() if s.model == model})
+        state = self.models.pop(model)
+        self._model(model).held_at = state.held_at
+        self._refresh_now = True
+
+    async def _meter(self, model: str, now: float) -> None:
+        state = self._model(model)
+        if now - state.metered_at < self.settings.meter_seconds:
+            return
+        state.metered_at = now
+        await self._ensure_topic(model)
+        if not state.partitions:
+            state.partitions = len(await self.producer.partitions_for(state.topic) or ()) or 1
+        group = self.settings.group_prefix + model_slug(model)
+        try:
+            committed, members = await self.probe.read(group, state.topic, state.partitions)
+        except Exception as exc:
+            log.warning("reading the group's offsets failed: %s", exc, extra={"model": model})
+            return
+        state.backlog.observe(committed, members, now)
+        state.book.committed(committed, now)
+        metrics.TOPIC_BACKLOG.labels(model).set(state.backlog.lag)
+        metrics.TARGET_BACKLOG.labels(model).set(state.backlog.target)
+
+    async def _ensure_topic(self, model: str) -> None:
+        if model not in self._ensured:
+            await ensure_topics(self.kafka, [model])
+            self._ensured.add(model)
+
+    # -------------------------------------------------------------- dispatch
+
+    async def _dispatch(self, model: str, now: float) -> int:
+        state = self._model(model)
+        budget = min(self.settings.round_lines, state.backlog.allowance(state.book.in_topic()))
+        queue = [s.queued() for s in self.batches.values() if s.model == model and s.status == "in_progress"]
+        if budget <= 0 or not queue:
+            return 0
+        pending: list[_Pending] = []
+        read: list[QueuedState] = []
+        try:
+            for grant in self.policy.plan(queue, budget, now):
+                batch = self.batches[grant.batch_id]
+                if batch.cursor is None:
+                    batch.cursor = InputCursor(
+                        self.store, batch.object_key, batch.position.line, batch.position.byte
+                    )
+                read.append(batch)
+                for line in await batch.cursor.take(grant.lines):
+                    pending.append(_Pending(batch, line, await self._send(state.topic, batch, line)))
+            metas = await asyncio.gather(*(p.future for p in pending))
+        except Exception:
+            for batch in read:  # read again from the last acknowledged position
+                await self._close_cursor(batch)
+            raise
+        for item, meta in zip(pending, metas, strict=True):
+            self._sent(state, item, meta.partition, meta.offset, now)
+            item.state.position.sent += 1
+        for batch in read:  # every line read is on Kafka: the position moves past them
+            assert batch.cursor is not None
+            batch.position.line, batch.position.byte = batch.cursor.line, batch.cursor.byte
+            # Done at the end of the file, or once every request line went (trailing blanks).
+            batch.position.done = batch.cursor.exhausted or batch.position.sent >= batch.total
+            batch.started = batch.dirty = True
+        metrics.DISPATCHED.labels(model).inc(len(pending))
+        return len(pending)
+
+    async def _send(self, topic: str, batch: QueuedState, line: InputLine) -> asyncio.Future[Any]:
+        item = orjson.loads(line.raw)
+        message = RequestMessage(
+            request_id=ids.batch_request_id(),
+            custom_id=item["custom_id"],
+            url=item["url"],
+            body=item["body"],
+            batch_id=batch.batch_id,
+            line=line.number,
+            defaults=batch.defaults,
+            expires_at=batch.expires_at,
+        )
+        return await self.producer.send(topic, encode(message))
+
+    def _sent(self, model: _Model, item: _Pending, partition: int, offset: int, now: float) -> None:
+        model.backlog.produced(partition, offset)
+        model.book.sent(
+            SentLine(
+                batch_id=item.state.batch_id,
+                line=item.line.number,
+                start=item.line.start,
+                length=len(item.line.raw),
+                partition=partition,
+                offset=offset,
+                attempt=item.attempt,
+            )
+        )
+
+    # --------------------------------------------------------------- journeys
+
+    async def _check_journeys(self, now: float) -> None:
+        for model, state in list(self.models.items()):
+            if state.held_at is None:
+                continue
+            batch_ids = [
+                b
+                for b in state.book.batches_to_check()
+                if (s := self.batches.get(b)) is not None and s.status == "in_progress" and s.expires_at > now
+            ]
+            state.book.forget(b for b in state.book.batches_to_check() if b not in self.batches)
+            if not batch_ids:
+                continue
+            seen = {
+                d["_id"]: SeenBitmap(d.get("seen_lines"))
+                async for d in self.mongo.batches.find({"_id": {"$in": batch_ids}}, {"seen_lines": 1})
+            }
+            for batch_id in batch_ids:
+                if batch_id in seen and batch_id in self.batches:
+                    await self._settle(model, state, self.batches[batch_id], seen[batch_id], now)
+
+    async def _settle(
+        self, model: str, state: _Model, batch: QueuedState, seen: SeenBitmap, now: float
+    ) -> None:
+        again, lost = state.book.settle(batch.batch_id, seen, now)
+        resend: list[_Pending] = []
+        for line in again:
+            raw = await read_line(self.store, batch.object_key, line.start, line.length)
+            item = InputLine(line.line, line.start, raw)
+            resend.append(_Pending(batch, item, await self._send(state.topic, batch, item), line.attempt + 1))
+        doubt = state.book.due_doubt(batch.batch_id, now)
+        if doubt is not None:
+            async for item in scan(self.store, batch.object_key, doubt.upto_byte):
+                if (
+                    item.number < doubt.upto_line
+                    and item.number not in seen
+                    and not state.book.tracked(batch.batch_id, item.number)
+                ):
+                    future = await self._send(state.topic, batch, item)
+                    resend.append(_Pending(batch, item, future, 2))
+        metas = await asyncio.gather(*(p.future for p in resend))
+        for pending, meta in zip(resend, metas, strict=True):
+            self._sent(state, pending, meta.partition, meta.offset, now)
+        if resend:
+            metrics.RESENT.labels(model).inc(len(resend))
+            log.warning(
+                "sent lines again: consumed but never answered",
+                extra={"batch_id": batch.batch_id, "lines": [p.line.number for p in resend][:20]},
+            )
+        for line in lost:
+            await self._give_up(batch, line)
+        if lost:
+            metrics.LOST.labels(model).inc(len(lost))
+
+    async def _give_up(self, batch: QueuedState, line: SentLine) -> None:
+        """Publish the line's ``line_lost`` error result: the aggregator counts it like any."""
+        raw = await read_line(self.store, batch.object_key, line.start, line.length)
+        try:
+            custom_id = str(orjson.loads(raw).get("custom_id"))
+        except (orjson.JSONDecodeError, AttributeError):
+            custom_id = ""
+        result = ResultMessage(
+            request_id=ids.batch_request_id(),
+            custom_id=custom_id,
+            batch_id=batch.batch_id,
+            line=line.line,
+            error=LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt)),
+        )
+        await self.producer.send_and_wait(
+            results_topic(self.kafka), encode(result), key=batch.batch_id.encode()
+        )
+        log.error("gave up on a line", extra={"batch_id": batch.batch_id, "line": line.line})
+
+    # ------------------------------------------------------------- positions
+
+    async def _save_positions(self, now: float, force: bool = False) -> None:
+        for batch in list(self.batches.values()):
+            if not batch.dirty:
+                continue
+            if (
+                not force
+                and not batch.position.done
+                and now - batch.saved_at < self.settings.position_flush_s
+            ):
+                continue
+            await self.positions.save(batch.batch_id, batch.position)
+            batch.dirty, batch.saved_at = False, now
+            if batch.position.done and not batch.emitted:
+                await self.mongo.batches.update_one({"_id": batch.batch_id}, {"$set": {"emitted": True}})
+                batch.emitted = True
+                await self._close_cursor(batch)
+
+    async def _close_cursor(self, batch: QueuedState) -> None:
+        cursor, batch.cursor = batch.cursor, None
+        if cursor is not None:
+            await cursor.close()
+
+    def _publish_metrics(self) -> None:
+        queued: dict[tuple[str, str], int] = {}
+        for batch in self.batches.values():
+            if batch.status == "in_progress" and self._model(batch.model).held_at is not None:
+                key = (batch.model, batch.project)
+                queued[key] = queued.get(key, 0) + batch.remaining
+        metrics.QUEUED_LINES.clear()
+        for (model, project), lines in queued.items():
+            metrics.QUEUED_LINES.labels(model, project).set(lines)
