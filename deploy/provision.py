@@ -82,8 +82,13 @@ async def requeue_in_flight(mongo: MongoSettings, storage: StorageSettings) -> l
             await store.delete_prefix(result_chunk_prefix(batch_id))
             await db.batches.update_one(
                 {"_id": batch_id},
-                {"$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0}},
+                {
+                    "$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0},
+                    "$unset": {"seen_lines": ""},
+                },
             )
+            # The dispatcher sends every line again from the start of the input file.
+            await db.db["dispatch_positions"].delete_one({"_id": batch_id})
         if ids:
             log.info("requeued batches the broker forgot", extra={"batches": ids})
         return ids

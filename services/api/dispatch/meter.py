@@ -40,12 +40,13 @@ class Backlog:
     _last_at: float = 0.0
 
     def produced(self, partition: int, offset: int) -> None:
-        self.ends[partition] = max(self.ends.get(partition, 0), offset + 1)
+        """A send acknowledged at ``offset`` (acks come in offset order per partition; taking the
+        latest rather than the highest follows a broker that lost its data and starts again)."""
+        self.ends[partition] = offset + 1
 
     def observe(self, committed: dict[int, int], members: int, now: float) -> None:
         """A probe's answer: committed offsets per partition and the group's member count."""
-        for partition, offset in committed.items():
-            self.committed[partition] = max(self.committed.get(partition, 0), offset)
+        self.committed.update(committed)
         self.members = max(1, members)
         total = sum(self.committed.values())
         if self._last_total is not None and now > self._last_at:
