@@ -43,6 +43,7 @@ class Doubt:
     batch_id: str
     upto_line: int  # lines below this were sent by an earlier dispatcher
     upto_byte: int
+    sent: int  # how many request lines that was
     since: float
 
 
@@ -56,6 +57,14 @@ class SeenBitmap:
         index = line - 1
         byte = index >> 3
         return 0 <= byte < len(self._bits) and bool(self._bits[byte] & (1 << (index & 7)))
+
+    def count_below(self, line: int) -> int:
+        """How many lines numbered below ``line`` have a result."""
+        whole, rest = divmod(line - 1, 8)
+        count = sum(b.bit_count() for b in self._bits[:whole])
+        if rest and whole < len(self._bits):
+            count += (self._bits[whole] & ((1 << rest) - 1)).bit_count()
+        return count
 
 
 class JourneyBook:
@@ -114,9 +123,9 @@ class JourneyBook:
                     again.append(line)
         return again, lost
 
-    def doubt(self, batch_id: str, upto_line: int, upto_byte: int, now: float) -> None:
+    def doubt(self, batch_id: str, upto_line: int, upto_byte: int, sent: int, now: float) -> None:
         if upto_line > 1 and batch_id not in self._doubts:
-            self._doubts[batch_id] = Doubt(batch_id, upto_line, upto_byte, now)
+            self._doubts[batch_id] = Doubt(batch_id, upto_line, upto_byte, sent, now)
 
     def due_doubt(self, batch_id: str, now: float) -> Doubt | None:
         """A doubt old enough to act on; it is consumed."""

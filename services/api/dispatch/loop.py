@@ -248,7 +248,8 @@ class Dispatcher:
             )
             self.batches[state.batch_id] = state
             # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
-            self._model(state.model).book.doubt(state.batch_id, position.line, position.byte, now)
+            book = self._model(state.model).book
+            book.doubt(state.batch_id, position.line, position.byte, position.sent, now)
 
     async def _forget(self, batch_ids: set[str]) -> None:
         for batch_id in batch_ids:
@@ -418,7 +419,8 @@ class Dispatcher:
             item = InputLine(line.line, line.start, raw)
             resend.append(_Pending(batch, item, await self._send(state.topic, batch, item), line.attempt + 1))
         doubt = state.book.due_doubt(batch.batch_id, now)
-        if doubt is not None:
+        if doubt is not None and seen.count_below(doubt.upto_line) < doubt.sent:
+            # Some line an earlier dispatcher sent has no result: find which (reads the file).
             async for item in scan(self.store, batch.object_key, doubt.upto_byte):
                 if (
                     item.number < doubt.upto_line

@@ -29,7 +29,7 @@ class DispatchSettings(BaseSettings):
     # The topic backlog target: each consumer-group member's in-flight window, plus what the
     # group finishes in ``backlog_seconds``, never below ``min_backlog``.
     worker_window: int = 128
-    backlog_seconds: float = 1.0
+    backlog_seconds: float = 0.5
     min_backlog: int = 64
     # The inference consumer group of a model: this prefix plus the model's topic slug.
     group_prefix: str = "batchstream-inference-"

@@ -26,6 +26,7 @@ def test_the_aggregators_bitmap_reads_back_line_by_line() -> None:
     assert 1 in seen and 9 in seen and 50_000 in seen
     assert 2 not in seen and 50_001 not in seen
     assert 1 not in SeenBitmap(None)
+    assert [seen.count_below(n) for n in (1, 2, 9, 10, 50_000, 50_001)] == [0, 1, 1, 2, 2, 3]
 
 
 def test_a_line_is_sent_again_only_after_the_commit_and_the_grace_with_a_fake_clock() -> None:
@@ -65,8 +66,8 @@ def test_a_line_that_keeps_vanishing_becomes_lost_after_the_last_attempt_with_a_
 def test_a_takeover_doubts_earlier_lines_only_after_its_grace_with_a_fake_clock() -> None:
     clock = FakeClock()
     book = JourneyBook(grace_s=1, max_attempts=3, takeover_grace_s=30)
-    book.doubt("b", upto_line=100, upto_byte=5000, now=clock())
-    book.doubt("fresh", upto_line=1, upto_byte=0, now=clock())  # nothing sent before: no doubt
+    book.doubt("b", upto_line=100, upto_byte=5000, sent=99, now=clock())
+    book.doubt("fresh", upto_line=1, upto_byte=0, sent=0, now=clock())  # nothing sent before: no doubt
     assert book.batches_to_check() == {"b"}
     clock.advance(29)
     assert book.due_doubt("b", clock()) is None
