@@ -13,6 +13,8 @@ Batch internal fields:
 - ``dispatchable``: set once the batch is validated: the api's dispatcher streams its lines from
   the input file (its read position lives in ``dispatch_positions``, see services/api/dispatch).
 - ``priority``: the dispatch priority given at create (also public: echoed on the Batch).
+- ``dispatch_settled``: set by the dispatcher on a cancelling batch once every line it sent came
+  back: the aggregator then ends it without waiting for its cancel timeout.
 - ``seen_lines``: the aggregator's seen-lines bitmap (zlib-compressed bytes, bit ``n - 1`` for
   line ``n``), written with its batched counts flush; the dispatcher reads it to find lost lines.
 
@@ -33,6 +35,7 @@ BATCH_INTERNAL_FIELDS = (
     "emitted",
     "dispatchable",
     "seen_lines",
+    "dispatch_settled",
     "output_expires_after",
     "sort_key",
 )

@@ -44,7 +44,8 @@ def close_reason(doc: dict[str, Any], now: float, cancel_timeout_s: float) -> Cl
     status = doc.get("status")
     if status == "cancelling":
         cancelling_at = doc.get("cancelling_at")
-        if cancelling_at is None or cancelling_at + cancel_timeout_s <= now:
+        # dispatch_settled: the api's dispatcher saw every line it sent come back (no wait).
+        if cancelling_at is None or cancelling_at + cancel_timeout_s <= now or doc.get("dispatch_settled"):
             return CANCELLED
         return None
     expires_at = doc.get("expires_at")
@@ -59,6 +60,7 @@ def overdue_query(now: float, cancel_timeout_s: float) -> dict[str, Any]:
         "$or": [
             {"status": {"$in": list(EXPIRABLE_STATUSES)}, "expires_at": {"$lte": now}},
             {"status": "cancelling", "cancelling_at": {"$lte": now - cancel_timeout_s}},
+            {"status": "cancelling", "dispatch_settled": True},
         ]
     }
 

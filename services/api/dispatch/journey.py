@@ -123,6 +123,19 @@ class JourneyBook:
                     again.append(line)
         return again, lost
 
+    def cancel_settled(self, batch_id: str, seen: SeenBitmap, now: float) -> bool:
+        """A cancelled batch: True once every line sent has a result or can no longer get one
+        (consumed and committed past ``grace_s`` ago), so it may end before the cancel timeout."""
+        doubt = self._doubts.get(batch_id)
+        if doubt is not None and doubt.since + self.takeover_grace_s > now:
+            return False
+        for (owner, number), line in self._lines.items():
+            if owner != batch_id or number in seen:
+                continue
+            if line.committed_at is None or line.committed_at + self.grace_s > now:
+                return False
+        return True
+
     def doubt(self, batch_id: str, upto_line: int, upto_byte: int, sent: int, now: float) -> None:
         if upto_line > 1 and batch_id not in self._doubts:
             self._doubts[batch_id] = Doubt(batch_id, upto_line, upto_byte, sent, now)

@@ -71,6 +71,7 @@ class QueuedState:
     defaults: SamplingDefaults
     position: Position
     emitted: bool = False
+    settled: bool = False  # cancelling, and every line sent came back (dispatch_settled)
     started: bool = False
     cursor: InputCursor | None = None
     dirty: bool = False
@@ -393,6 +394,7 @@ class Dispatcher:
         for model, state in list(self.models.items()):
             if state.held_at is None:
                 continue
+            await self._settle_cancels(model, state, now)
             batch_ids = [
                 b
                 for b in state.book.batches_to_check()
@@ -408,6 +410,32 @@ class Dispatcher:
             for batch_id in batch_ids:
                 if batch_id in seen and batch_id in self.batches:
                     await self._settle(model, state, self.batches[batch_id], seen[batch_id], now)
+
+    async def _settle_cancels(self, model: str, state: _Model, now: float) -> None:
+        """Cancelled batches whose sent lines all came back: tell the aggregator it may end them
+        now (``dispatch_settled``) rather than after its cancel timeout; the lines never sent get
+        ``batch_cancelled`` error lines at finalize."""
+        cancelling = [
+            b
+            for b in self.batches.values()
+            if b.model == model and b.status == "cancelling" and not b.settled
+        ]
+        if not cancelling:
+            return
+        ids_ = [b.batch_id for b in cancelling]
+        seen = {
+            d["_id"]: SeenBitmap(d.get("seen_lines"))
+            async for d in self.mongo.batches.find({"_id": {"$in": ids_}}, {"seen_lines": 1})
+        }
+        for batch in cancelling:
+            if batch.batch_id in seen and state.book.cancel_settled(
+                batch.batch_id, seen[batch.batch_id], now
+            ):
+                await self.mongo.batches.update_one(
+                    {"_id": batch.batch_id, "status": "cancelling"}, {"$set": {"dispatch_settled": True}}
+                )
+                batch.settled = True
+                await self._close_cursor(batch)
 
     async def _settle(
         self, model: str, state: _Model, batch: QueuedState, seen: SeenBitmap, now: float

@@ -75,3 +75,17 @@ def test_a_takeover_doubts_earlier_lines_only_after_its_grace_with_a_fake_clock(
     doubt = book.due_doubt("b", clock())
     assert doubt is not None and doubt.upto_line == 100
     assert book.due_doubt("b", clock()) is None  # consumed
+
+
+def test_a_cancelled_batch_settles_once_every_sent_line_came_back_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    book = JourneyBook(grace_s=5, max_attempts=3, takeover_grace_s=30)
+    book.sent(sent(1, offset=0))
+    book.sent(sent(2, offset=1))
+    assert not book.cancel_settled("b", seen_of(1), clock())  # line 2 still in the topic
+    book.committed({0: 2}, clock())
+    assert not book.cancel_settled("b", seen_of(1), clock())  # its result may be on its way
+    assert book.cancel_settled("b", seen_of(1, 2), clock())
+    clock.advance(5)
+    assert book.cancel_settled("b", seen_of(1), clock())  # lost: finalize fills it
+    assert book.cancel_settled("never-sent", seen_of(), clock())
