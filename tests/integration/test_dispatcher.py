@@ -103,11 +103,16 @@ def chat_line(custom_id: str, model: str) -> str:
     )
 
 
-async def create_batch(client: AsyncOpenAI, model: str, count: int, prefix: str = "req") -> Batch:
+async def create_batch(
+    client: AsyncOpenAI, model: str, count: int, prefix: str = "req", priority: int = 0
+) -> Batch:
     data = "\n".join(chat_line(f"{prefix}-{n}", model) for n in range(1, count + 1)).encode()
     upload = await client.files.create(file=("in.jsonl", data), purpose="batch")
     return await client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        input_file_id=upload.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"priority": priority},
     )
 
 
@@ -135,6 +140,18 @@ async def sent_lines(db: Any, batch_id: str) -> int:
 
 def every_line_once(ids: list[str], count: int, prefix: str = "req") -> bool:
     return sorted(ids) == sorted(f"{prefix}-{n}" for n in range(1, count + 1))
+
+
+def create_key(stack: Stack, project: str) -> str:
+    """An API key of another project, made the way an operator makes one."""
+    out = subprocess.run(
+        [sys.executable, "-m", "services.api.keys", "create", "--project", project],
+        env={**os.environ, **stack.env()},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
 
 
 def start_api(stack: Stack) -> tuple[subprocess.Popen[bytes], str]:
@@ -187,6 +204,11 @@ async def count_requests(stack: Stack, model: str, batch_id: str) -> int:
 async def test_a_small_batch_created_behind_a_big_one_completes_first(client: AsyncOpenAI, db: Any) -> None:
     big = await create_batch(client, FAKE_MODEL, 15_000, prefix="big")
     await eventually(lambda: sent_lines(db, big.id), 60, "the big batch dispatching")
+    metrics = await _metrics(client)
+    queued = f'batchstream_dispatch_queued_lines{{model="{FAKE_MODEL}",project="default"}}'
+    assert any(line.startswith(queued) and float(line.split()[-1]) > 0 for line in metrics), metrics
+    for name in ("batchstream_dispatch_lines_total", "batchstream_dispatch_topic_backlog"):
+        assert any(line.startswith(f'{name}{{model="{FAKE_MODEL}"}}') for line in metrics), name
     started = time.monotonic()
     small = await create_batch(client, FAKE_MODEL, 10, prefix="small")
     small_done = await wait_terminal(client, small.id, 60)
@@ -325,6 +347,66 @@ async def test_a_cancel_sends_no_further_lines(dispatch_stack: Stack, client: As
     assert codes.count("batch_cancelled") >= total - final
 
 
+async def test_projects_share_and_a_higher_priority_goes_first(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    """The test is the workers' group (it consumes, commits, answers nothing) and reads the order."""
+    key = await asyncio.to_thread(create_key, dispatch_stack, "other-team")
+    other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
+    dispatch_stack.stop_one(FAKE.component)
+    consumer = AIOKafkaConsumer(
+        requests_topic(dispatch_stack.kafka_settings(), FAKE_MODEL),
+        bootstrap_servers=dispatch_stack.kafka_settings().bootstrap_servers,
+        group_id=GROUP,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=50,
+    )
+    await consumer.start()
+    order: list[tuple[str, int]] = []  # (batch, line) in the order first consumed
+    known: set[tuple[str, int]] = set()
+    try:
+        mine = await create_batch(client, FAKE_MODEL, 3000, prefix="mine")
+        theirs = await create_batch(other, FAKE_MODEL, 3000, prefix="theirs")
+        urgent: Batch | None = None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            got = await consumer.getmany(timeout_ms=200, max_records=50)
+            for records in got.values():
+                for record in records:
+                    message = json.loads(record.value or b"{}")
+                    line_key = (message.get("batch_id"), message.get("line"))
+                    if line_key not in known:  # a line sent again counts once
+                        known.add(line_key)
+                        order.append(line_key)
+            await consumer.commit()
+            ours = [b for b, _ in order if b in (mine.id, theirs.id)]
+            if urgent is None and len(ours) >= 1200:
+                urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
+            if urgent is not None and sum(b == urgent.id for b, _ in order) >= 600:
+                break
+    finally:
+        await consumer.stop()
+        await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
+    assert urgent is not None
+    first_urgent = next(i for i, (b, _) in enumerate(order) if b == urgent.id)
+    # Fair share: the two projects' batches side by side before the urgent one came.
+    before = [b for b, _ in order[:first_urgent] if b in (mine.id, theirs.id)]
+    settled = before[len(before) // 3 :]  # past the first rounds' start lines
+    share = settled.count(mine.id) / len(settled)
+    assert 0.35 <= share <= 0.65, f"project shares {share:.2f} / {1 - share:.2f}"
+    # Priority: once queued, the urgent batch gets the engine; the others only what was already
+    # in the topic (without priority the other project alone would take half: 600 lines).
+    urgent_at = [i for i, (b, _) in enumerate(order) if b == urgent.id]
+    span = order[urgent_at[0] : urgent_at[-1]]
+    others = [b for b, _ in span if b != urgent.id]
+    late = [b for b, _ in order[urgent_at[300] : urgent_at[-1]] if b != urgent.id]
+    assert len(others) < 600 and len(late) <= 60, (len(others), len(late))
+    for owner, batch_id in ((client, mine.id), (other, theirs.id), (client, urgent.id)):
+        await owner.batches.cancel(batch_id)
+    await other.close()
+
+
 async def test_priority_is_echoed_and_checked(dispatch_stack: Stack, client: AsyncOpenAI) -> None:
     upload = await client.files.create(
         file=("p.jsonl", chat_line("p-1", GHOST_MODEL).encode()), purpose="batch"
@@ -342,6 +424,11 @@ async def test_priority_is_echoed_and_checked(dispatch_stack: Stack, client: Asy
             assert wrong.json()["error"]["param"] == "priority"
         for answer in (created, default):
             await http.post(f"/batches/{answer.json()['id']}/cancel")
+
+
+async def _metrics(client: AsyncOpenAI) -> list[str]:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(str(client.base_url).removesuffix("/v1/") + "/metrics")).text.splitlines()
 
 
 async def _at_least(count: Any, minimum: int) -> bool:
