@@ -174,7 +174,9 @@ class Dispatcher:
     async def run(self) -> None:
         while True:
             try:
-                await self.round()
+                if await self.round() >= self.settings.round_lines:
+                    await asyncio.sleep(0)  # a full round: more may be due at once
+                    continue
             except asyncio.CancelledError:
                 raise
             except Exception:
