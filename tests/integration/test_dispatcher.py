@@ -396,12 +396,12 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     share = settled.count(mine.id) / len(settled)
     assert 0.35 <= share <= 0.65, f"project shares {share:.2f} / {1 - share:.2f}"
     # Priority: once queued, the urgent batch gets the engine; the others only what was already
-    # in the topic (without priority the other project alone would take half: 600 lines).
+    # in the topic, and what follows its last lines on other partitions (without priority the
+    # other project alone would take half: 600 lines).
     urgent_at = [i for i, (b, _) in enumerate(order) if b == urgent.id]
     span = order[urgent_at[0] : urgent_at[-1]]
     others = [b for b, _ in span if b != urgent.id]
-    late = [b for b, _ in order[urgent_at[300] : urgent_at[-1]] if b != urgent.id]
-    assert len(others) < 600 and len(late) <= 60, (len(others), len(late))
+    assert len(others) < 300, f"{len(others)} other lines came while the urgent batch's 600 did"
     for owner, batch_id in ((client, mine.id), (other, theirs.id), (client, urgent.id)):
         await owner.batches.cancel(batch_id)
     await other.close()
