@@ -27,7 +27,7 @@ from services.api.dispatch.lease import LeaseStore
 from services.api.dispatch.meter import Backlog, GroupProbe
 from services.api.dispatch.policy import FairSharePolicy, QueuedBatch
 from services.api.dispatch.positions import Position, PositionStore
-from services.api.dispatch.reader import InputCursor, InputLine, read_line, scan
+from services.api.dispatch.reader import InputCursor, InputLine, read_lines, scan
 from services.api.dispatch.settings import DispatchSettings
 from shared import ids
 from shared.kafka import encode, ensure_topics
@@ -443,9 +443,10 @@ class Dispatcher:
         self, model: str, state: _Model, batch: QueuedState, seen: SeenBitmap, now: float
     ) -> None:
         again, lost = state.book.settle(batch.batch_id, seen, now)
+        again = again[: self.settings.round_lines]  # bounded work per check; the rest stay due
         resend: list[_Pending] = []
-        for line in again:
-            raw = await read_line(self.store, batch.object_key, line.start, line.length)
+        raws = await read_lines(self.store, batch.object_key, [(x.start, x.length) for x in again])
+        for line, raw in zip(again, raws, strict=True):
             item = InputLine(line.line, line.start, raw)
             resend.append(_Pending(batch, item, await self._send(state.topic, batch, item), line.attempt + 1))
         doubt = state.book.due_doubt(batch.batch_id, now)
@@ -468,29 +469,34 @@ class Dispatcher:
                 "sent lines again: consumed but never answered",
                 extra={"batch_id": batch.batch_id, "lines": [p.line.number for p in resend][:20]},
             )
-        for line in lost:
-            await self._give_up(batch, line)
         if lost:
+            await self._give_up(batch, lost)
             metrics.LOST.labels(model).inc(len(lost))
 
-    async def _give_up(self, batch: QueuedState, line: SentLine) -> None:
-        """Publish the line's ``line_lost`` error result: the aggregator counts it like any."""
-        raw = await read_line(self.store, batch.object_key, line.start, line.length)
-        try:
-            custom_id = str(orjson.loads(raw).get("custom_id"))
-        except (orjson.JSONDecodeError, AttributeError):
-            custom_id = ""
-        result = ResultMessage(
-            request_id=ids.batch_request_id(),
-            custom_id=custom_id,
-            batch_id=batch.batch_id,
-            line=line.line,
-            error=LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt)),
+    async def _give_up(self, batch: QueuedState, lost: list[SentLine]) -> None:
+        """Publish each line's ``line_lost`` error result: the aggregator counts it like any."""
+        raws = await read_lines(self.store, batch.object_key, [(x.start, x.length) for x in lost])
+        futures = []
+        for line, raw in zip(lost, raws, strict=True):
+            try:
+                custom_id = str(orjson.loads(raw).get("custom_id"))
+            except (orjson.JSONDecodeError, AttributeError):
+                custom_id = ""
+            result = ResultMessage(
+                request_id=ids.batch_request_id(),
+                custom_id=custom_id,
+                batch_id=batch.batch_id,
+                line=line.line,
+                error=LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt)),
+            )
+            topic = results_topic(self.kafka)
+            futures.append(await self.producer.send(topic, encode(result), key=batch.batch_id.encode()))
+        await asyncio.gather(*futures)
+        log.error(
+            "gave up on lines: sent %d times, never answered",
+            self.settings.max_attempts,
+            extra={"batch_id": batch.batch_id, "lines": [x.line for x in lost][:20]},
         )
-        await self.producer.send_and_wait(
-            results_topic(self.kafka), encode(result), key=batch.batch_id.encode()
-        )
-        log.error("gave up on a line", extra={"batch_id": batch.batch_id, "line": line.line})
 
     # ------------------------------------------------------------- positions
 

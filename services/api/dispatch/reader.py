@@ -60,10 +60,38 @@ class InputCursor:
             yield InputLine(number, start, pending)
 
 
+# Lines whose byte ranges lie closer than this are read with one ranged GET.
+MERGE_GAP = 256 * 1024
+
+
 async def read_line(store: ObjectStore, key: str, start: int, length: int) -> bytes:
     """One line by its byte range (a line sent again)."""
     parts = [chunk async for chunk in store.iter_chunks(key, offset=start, length=max(length, 1))]
     return b"".join(parts)[:length]
+
+
+async def read_lines(store: ObjectStore, key: str, spans: list[tuple[int, int]]) -> list[bytes]:
+    """Lines by ``(start, length)``, in the order given; near ranges share one GET."""
+    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    found: dict[int, bytes] = {}
+    group: list[int] = []
+
+    async def flush() -> None:
+        first = spans[group[0]][0]
+        last = max(spans[i][0] + spans[i][1] for i in group)
+        block = await read_line(store, key, first, last - first)
+        for i in group:
+            start, length = spans[i]
+            found[i] = block[start - first : start - first + length]
+        group.clear()
+
+    for i in order:
+        if group and spans[i][0] - max(spans[j][0] + spans[j][1] for j in group) > MERGE_GAP:
+            await flush()
+        group.append(i)
+    if group:
+        await flush()
+    return [found[i] for i in range(len(spans))]
 
 
 async def scan(store: ObjectStore, key: str, upto_byte: int) -> AsyncIterator[InputLine]:

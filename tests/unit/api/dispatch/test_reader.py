@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-from services.api.dispatch.reader import InputCursor, read_line, scan
+from services.api.dispatch.reader import InputCursor, read_line, read_lines, scan
 from shared.storage import ObjectStore
 
 DATA = b'{"n":1}\n\n{"n":3}\n{"n":4}\n\n{"n":6}'
@@ -45,3 +45,9 @@ async def test_a_scan_returns_the_lines_before_a_position() -> None:
     upto = DATA.index(b'{"n":4}')
     found: list[Any] = [i.number async for i in scan(store(), "k", upto)]
     assert found == [1, 3]
+
+
+async def test_lines_read_by_range_come_back_in_the_order_asked() -> None:
+    spans = [(DATA.index(b'{"n":6}'), 7), (0, 7), (DATA.index(b'{"n":3}'), 7)]
+    assert await read_lines(store(), "k", spans) == [b'{"n":6}', b'{"n":1}', b'{"n":3}']
+    assert await read_lines(store(), "k", []) == []
