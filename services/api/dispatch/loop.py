@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from services.api.dispatch import metrics
 from services.api.dispatch.journey import LOST_CODE, JourneyBook, SeenBitmap, SentLine
@@ -173,20 +174,26 @@ class Dispatcher:
 
     async def run(self) -> None:
         while True:
-            try:
-                if await self.round() >= self.settings.round_lines:
-                    await asyncio.sleep(0)  # a full round: more may be due at once
-                    continue
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("dispatch round failed; retrying")
-                await asyncio.sleep(1.0)
+            if await self._round_retrying() >= self.settings.round_lines:
+                await asyncio.sleep(0)  # a full round: more may be due at once
+                continue
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.round_seconds)
             except TimeoutError:
                 pass
             self._wake.clear()
+
+    async def _round_retrying(self) -> int:
+        """A round, tried again with backoff while a dependency fails (MongoDB, Kafka, S3)."""
+        retrying = AsyncRetrying(
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            retry=retry_if_exception_type(Exception),
+            before_sleep=before_sleep_log(log, logging.WARNING, exc_info=True),
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self.round()
+        return 0  # not reached: it retries until a round succeeds
 
     # ----------------------------------------------------------------- round
 
