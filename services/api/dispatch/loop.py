@@ -5,7 +5,7 @@ backlog (``meter``), ask the policy how to split what the topic may take (``poli
 lines from the input files in object storage (``reader``), publish one ``RequestMessage`` per line,
 record each line's partition and offset (``journey``) and advance the batch's position
 (``positions``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
-consumed but never answered are sent again. The batch service marks a validated batch
+consumed but never answered are sent again (``recovery``). The batch service marks a validated batch
 ``dispatchable`` and wakes the loop; cancelled and expired batches simply stop being dispatched.
 """
 
@@ -15,103 +15,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaProducer
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from services.api.dispatch import metrics
-from services.api.dispatch.journey import LOST_CODE, JourneyBook, SeenBitmap, SentLine
+from services.api.dispatch.journey import JourneyBook
 from services.api.dispatch.lease import LeaseStore
 from services.api.dispatch.meter import Backlog, GroupProbe
-from services.api.dispatch.policy import FairSharePolicy, QueuedBatch
+from services.api.dispatch.policy import FairSharePolicy
 from services.api.dispatch.positions import Position, PositionStore
-from services.api.dispatch.reader import InputCursor, InputLine, read_lines, scan
+from services.api.dispatch.reader import InputCursor
+from services.api.dispatch.recovery import Recovery
+from services.api.dispatch.sender import LineSender
 from services.api.dispatch.settings import DispatchSettings
-from shared import ids
-from shared.kafka import encode, ensure_topics
+from services.api.dispatch.state import BATCH_FIELDS, QUEUED_STATUSES, ModelState, QueuedState, Sending
+from shared.kafka import ensure_topics
 from shared.mongo import Mongo
-from shared.protocol.messages import LineError, RequestMessage, ResultMessage, SamplingDefaults
 from shared.settings import KafkaSettings
 from shared.storage import ObjectStore
-from shared.topics import model_slug, requests_topic, results_topic
+from shared.topics import model_slug, requests_topic
 
 log = logging.getLogger(__name__)
-
-QUEUED_STATUSES = ["in_progress", "cancelling"]
-BATCH_FIELDS = {
-    "model": 1,
-    "project": 1,
-    "status": 1,
-    "priority": 1,
-    "expires_at": 1,
-    "sort_key": 1,
-    "input_file_id": 1,
-    "defaults": 1,
-    "request_counts.total": 1,
-    "emitted": 1,
-}
-LOST_MESSAGE = "This request was sent {n} times and no result ever reached the batch."
-
-
-@dataclass
-class QueuedState:
-    """What the loop keeps per batch it may dispatch."""
-
-    batch_id: str
-    model: str
-    project: str
-    status: str
-    total: int
-    priority: int
-    expires_at: float
-    order: int
-    object_key: str
-    defaults: SamplingDefaults
-    position: Position
-    emitted: bool = False
-    settled: bool = False  # cancelling, and every line sent came back (dispatch_settled)
-    started: bool = False
-    cursor: InputCursor | None = None
-    dirty: bool = False
-    saved_at: float = 0.0
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.total - self.position.sent) if not self.position.done else 0
-
-    def queued(self) -> QueuedBatch:
-        return QueuedBatch(
-            batch_id=self.batch_id,
-            project=self.project,
-            remaining=self.remaining,
-            priority=self.priority,
-            expires_at=self.expires_at,
-            started=self.started,
-            order=self.order,
-        )
-
-
-@dataclass
-class _Model:
-    """Per-model state: the topic's backlog and the journey of its lines."""
-
-    topic: str
-    backlog: Backlog
-    book: JourneyBook
-    partitions: int = 0
-    metered_at: float = 0.0
-    held_at: float | None = None  # last lease renewal; None: not held
-
-
-@dataclass
-class _Pending:
-    state: QueuedState
-    line: InputLine
-    future: asyncio.Future[Any]
-    attempt: int = 1
 
 
 class Dispatcher:
@@ -139,8 +65,10 @@ class Dispatcher:
             deadline_resolution_s=settings.deadline_resolution_s,
         )
         self.probe = GroupProbe(kafka.bootstrap_servers)
+        self.sender = LineSender(producer, kafka)
+        self.recovery = Recovery(mongo, store, self.sender, settings)
         self.batches: dict[str, QueuedState] = {}
-        self.models: dict[str, _Model] = {}
+        self.models: dict[str, ModelState] = {}
         self._ensured: set[str] = set()
         self._wake = asyncio.Event()
         self._refresh_now = True
@@ -169,7 +97,7 @@ class Dispatcher:
         except Exception:
             log.exception("dispatcher shutdown: could not save positions or release leases")
         for state in self.batches.values():
-            await self._close_cursor(state)
+            await state.close_cursor()
         await self.probe.close()
 
     async def run(self) -> None:
@@ -209,7 +137,9 @@ class Dispatcher:
                 sent += await self._dispatch(model, now)
         if now - self._journeys_at >= self.settings.journey_check_seconds:
             self._journeys_at = now
-            await self._check_journeys(now)
+            for model, state in list(self.models.items()):
+                if state.held_at is not None:
+                    await self.recovery.check(model, state, self.batches, now)
         await self._save_positions(now)
         self._publish_metrics()
         return sent
@@ -241,21 +171,7 @@ class Dispatcher:
             if key is None:
                 continue  # the input file is gone: the batch cannot run (finalize fills it)
             position = positions.get(doc["_id"], Position())
-            state = QueuedState(
-                batch_id=doc["_id"],
-                model=doc["model"],
-                project=str(doc.get("project") or "default"),
-                status=doc["status"],
-                total=int((doc.get("request_counts") or {}).get("total") or 0),
-                priority=int(doc.get("priority") or 0),
-                expires_at=float(doc.get("expires_at") or float("inf")),
-                order=int(doc.get("sort_key") or 0),
-                object_key=key,
-                defaults=SamplingDefaults.model_validate(doc.get("defaults") or {}),
-                position=position,
-                emitted=bool(doc.get("emitted")),
-                started=position.sent > 0,
-            )
+            state = QueuedState.from_document(doc, key, position)
             self.batches[state.batch_id] = state
             # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
             book = self._model(state.model).book
@@ -266,15 +182,15 @@ class Dispatcher:
             state = self.batches.pop(batch_id, None)
             if state is None:
                 continue
-            await self._close_cursor(state)
+            await state.close_cursor()
             self._model(state.model).book.forget([batch_id])
         self.policy.forget({s.project for s in self.batches.values()})
 
-    def _model(self, model: str) -> _Model:
+    def _model(self, model: str) -> ModelState:
         found = self.models.get(model)
         if found is None:
             s = self.settings
-            found = _Model(
+            found = ModelState(
                 topic=requests_topic(self.kafka, model),
                 backlog=Backlog(s.worker_window, s.backlog_seconds, s.min_backlog, s.direct_weight),
                 book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
@@ -340,7 +256,7 @@ class Dispatcher:
         queue = [s.queued() for s in self.batches.values() if s.model == model and s.status == "in_progress"]
         if budget <= 0 or not queue:
             return 0
-        pending: list[_Pending] = []
+        pending: list[Sending] = []
         read: list[QueuedState] = []
         try:
             for grant in self.policy.plan(queue, budget, now):
@@ -351,15 +267,16 @@ class Dispatcher:
                     )
                 read.append(batch)
                 for line in await batch.cursor.take(grant.lines):
-                    pending.append(_Pending(batch, line, await self._send(state.topic, batch, line)))
+                    future = await self.sender.request(state.topic, batch, line)
+                    pending.append(Sending(batch, line, future))
             metas = await asyncio.gather(*(p.future for p in pending))
         except Exception:
             for batch in read:  # read again from the last acknowledged position
-                await self._close_cursor(batch)
+                await batch.close_cursor()
             raise
         for item, meta in zip(pending, metas, strict=True):
-            self._sent(state, item, meta.partition, meta.offset, now)
-            item.state.position.sent += 1
+            state.record(item, meta.partition, meta.offset)
+            item.batch.position.sent += 1
         for batch in read:  # every line read is on Kafka: the position moves past them
             assert batch.cursor is not None
             batch.position.line, batch.position.byte = batch.cursor.line, batch.cursor.byte
@@ -368,142 +285,6 @@ class Dispatcher:
             batch.started = batch.dirty = True
         metrics.DISPATCHED.labels(model).inc(len(pending))
         return len(pending)
-
-    async def _send(self, topic: str, batch: QueuedState, line: InputLine) -> asyncio.Future[Any]:
-        item = orjson.loads(line.raw)
-        message = RequestMessage(
-            request_id=ids.batch_request_id(),
-            custom_id=item["custom_id"],
-            url=item["url"],
-            body=item["body"],
-            batch_id=batch.batch_id,
-            line=line.number,
-            defaults=batch.defaults,
-            expires_at=batch.expires_at,
-        )
-        return await self.producer.send(topic, encode(message))
-
-    def _sent(self, model: _Model, item: _Pending, partition: int, offset: int, now: float) -> None:
-        model.backlog.produced(partition, offset)
-        model.book.sent(
-            SentLine(
-                batch_id=item.state.batch_id,
-                line=item.line.number,
-                start=item.line.start,
-                length=len(item.line.raw),
-                partition=partition,
-                offset=offset,
-                attempt=item.attempt,
-            )
-        )
-
-    # --------------------------------------------------------------- journeys
-
-    async def _check_journeys(self, now: float) -> None:
-        for model, state in list(self.models.items()):
-            if state.held_at is None:
-                continue
-            await self._settle_cancels(model, state, now)
-            batch_ids = [
-                b
-                for b in state.book.batches_to_check()
-                if (s := self.batches.get(b)) is not None and s.status == "in_progress" and s.expires_at > now
-            ]
-            state.book.forget(b for b in state.book.batches_to_check() if b not in self.batches)
-            if not batch_ids:
-                continue
-            seen = {
-                d["_id"]: SeenBitmap(d.get("seen_lines"))
-                async for d in self.mongo.batches.find({"_id": {"$in": batch_ids}}, {"seen_lines": 1})
-            }
-            for batch_id in batch_ids:
-                if batch_id in seen and batch_id in self.batches:
-                    await self._settle(model, state, self.batches[batch_id], seen[batch_id], now)
-
-    async def _settle_cancels(self, model: str, state: _Model, now: float) -> None:
-        """Cancelled batches whose sent lines all came back: tell the aggregator it may end them
-        now (``dispatch_settled``) rather than after its cancel timeout; the lines never sent get
-        ``batch_cancelled`` error lines at finalize."""
-        cancelling = [
-            b
-            for b in self.batches.values()
-            if b.model == model and b.status == "cancelling" and not b.settled
-        ]
-        if not cancelling:
-            return
-        ids_ = [b.batch_id for b in cancelling]
-        seen = {
-            d["_id"]: SeenBitmap(d.get("seen_lines"))
-            async for d in self.mongo.batches.find({"_id": {"$in": ids_}}, {"seen_lines": 1})
-        }
-        for batch in cancelling:
-            if batch.batch_id in seen and state.book.cancel_settled(
-                batch.batch_id, seen[batch.batch_id], now
-            ):
-                await self.mongo.batches.update_one(
-                    {"_id": batch.batch_id, "status": "cancelling"}, {"$set": {"dispatch_settled": True}}
-                )
-                batch.settled = True
-                await self._close_cursor(batch)
-
-    async def _settle(
-        self, model: str, state: _Model, batch: QueuedState, seen: SeenBitmap, now: float
-    ) -> None:
-        again, lost = state.book.settle(batch.batch_id, seen, now)
-        again = again[: self.settings.round_lines]  # bounded work per check; the rest stay due
-        resend: list[_Pending] = []
-        raws = await read_lines(self.store, batch.object_key, [(x.start, x.length) for x in again])
-        for line, raw in zip(again, raws, strict=True):
-            item = InputLine(line.line, line.start, raw)
-            resend.append(_Pending(batch, item, await self._send(state.topic, batch, item), line.attempt + 1))
-        doubt = state.book.due_doubt(batch.batch_id, now)
-        if doubt is not None and seen.count_below(doubt.upto_line) < doubt.sent:
-            # Some line an earlier dispatcher sent has no result: find which (reads the file).
-            async for item in scan(self.store, batch.object_key, doubt.upto_byte):
-                if (
-                    item.number < doubt.upto_line
-                    and item.number not in seen
-                    and not state.book.tracked(batch.batch_id, item.number)
-                ):
-                    future = await self._send(state.topic, batch, item)
-                    resend.append(_Pending(batch, item, future, 2))
-        metas = await asyncio.gather(*(p.future for p in resend))
-        for pending, meta in zip(resend, metas, strict=True):
-            self._sent(state, pending, meta.partition, meta.offset, now)
-        if resend:
-            metrics.RESENT.labels(model).inc(len(resend))
-            log.warning(
-                "sent lines again: consumed but never answered",
-                extra={"batch_id": batch.batch_id, "lines": [p.line.number for p in resend][:20]},
-            )
-        if lost:
-            await self._give_up(batch, lost)
-            metrics.LOST.labels(model).inc(len(lost))
-
-    async def _give_up(self, batch: QueuedState, lost: list[SentLine]) -> None:
-        """Publish each line's ``line_lost`` error result: the aggregator counts it like any."""
-        raws = await read_lines(self.store, batch.object_key, [(x.start, x.length) for x in lost])
-        futures = []
-        for line, raw in zip(lost, raws, strict=True):
-            try:
-                custom_id = str(orjson.loads(raw).get("custom_id"))
-            except (orjson.JSONDecodeError, AttributeError):
-                custom_id = ""
-            result = ResultMessage(
-                request_id=ids.batch_request_id(),
-                custom_id=custom_id,
-                batch_id=batch.batch_id,
-                line=line.line,
-                error=LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt)),
-            )
-            topic = results_topic(self.kafka)
-            futures.append(await self.producer.send(topic, encode(result), key=batch.batch_id.encode()))
-        await asyncio.gather(*futures)
-        log.error(
-            "gave up on lines: sent %d times, never answered",
-            self.settings.max_attempts,
-            extra={"batch_id": batch.batch_id, "lines": [x.line for x in lost][:20]},
-        )
 
     # ------------------------------------------------------------- positions
 
@@ -522,12 +303,7 @@ class Dispatcher:
             if batch.position.done and not batch.emitted:
                 await self.mongo.batches.update_one({"_id": batch.batch_id}, {"$set": {"emitted": True}})
                 batch.emitted = True
-                await self._close_cursor(batch)
-
-    async def _close_cursor(self, batch: QueuedState) -> None:
-        cursor, batch.cursor = batch.cursor, None
-        if cursor is not None:
-            await cursor.close()
+                await batch.close_cursor()
 
     def _publish_metrics(self) -> None:
         queued: dict[tuple[str, str], int] = {}
