@@ -192,7 +192,14 @@ class Dispatcher:
             s = self.settings
             found = ModelState(
                 topic=requests_topic(self.kafka, model),
-                backlog=Backlog(s.worker_window, s.backlog_seconds, s.min_backlog, s.direct_weight),
+                backlog=Backlog(
+                    s.worker_window,
+                    s.backlog_seconds,
+                    s.min_backlog,
+                    s.direct_weight,
+                    commit_lag_s=s.commit_lag_s,
+                    max_backlog=s.max_backlog,
+                ),
                 book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
             )
             self.models[model] = found
@@ -238,7 +245,10 @@ class Dispatcher:
         except Exception as exc:
             log.warning("reading the group's offsets failed: %s", exc, extra={"model": model})
             return
-        state.backlog.observe(committed, members, now)
+        waiting = any(
+            b.model == model and b.remaining > 0 and b.dispatchable(now) for b in self.batches.values()
+        )
+        state.backlog.observe(committed, members, now, waiting)
         state.book.committed(committed, now)
         metrics.TOPIC_BACKLOG.labels(model).set(state.backlog.lag)
         metrics.TARGET_BACKLOG.labels(model).set(state.backlog.target)
@@ -252,10 +262,24 @@ class Dispatcher:
 
     async def _dispatch(self, model: str, now: float) -> int:
         state = self._model(model)
-        budget = min(self.settings.round_lines, state.backlog.allowance(state.book.in_topic()))
         queue = [s.queued() for s in self.batches.values() if s.model == model and s.status == "in_progress"]
+        # A batch not started yet gets its first lines whatever the backlog (policy.py).
+        starting = sum(min(b.remaining, self.settings.start_lines) for b in queue if not b.started)
+        allowance = state.backlog.allowance(state.book.in_topic())
+        budget = min(self.settings.round_lines, max(allowance, starting))
         if budget <= 0 or not queue:
             return 0
+        log.debug(
+            "dispatch round",
+            extra={
+                "model": model,
+                "budget": budget,
+                "lag": state.backlog.lag,
+                "target": state.backlog.target,
+                "rate": round(state.backlog.rate),
+                "queued": len(queue),
+            },
+        )
         pending: list[Sending] = []
         read: list[QueuedState] = []
         try:

@@ -8,20 +8,27 @@ count too; lines sent after it are seen at our next send.
 
 The target keeps every worker's in-flight window full with a little more to spare: one
 ``worker_window`` per group member (read from the group, so it adapts as workers join and leave)
-plus what the group commits in ``backlog_seconds`` (its measured rate), never below
-``min_backlog``. The pure part is :class:`Backlog`; :class:`GroupProbe` reads the broker.
+plus what the group commits (its measured rate) in ``backlog_seconds`` and in ``commit_lag_s`` (a
+line stays in the measured backlog until its worker commits, up to 0.5 s after it ran); never
+below ``min_backlog`` nor above ``max_backlog``. When the group has committed everything while
+lines wait, the workers may have run dry: the target doubles (a slow start, so a fast engine is
+not held to the rate measured while it warmed up), and relaxes back otherwise.
+The pure part is :class:`Backlog`; :class:`GroupProbe` reads the broker.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 2.0  # the committed offsets move in steps (workers commit every 0.5 s): smooth
 
 
 @dataclass
@@ -32,27 +39,44 @@ class Backlog:
     backlog_seconds: float
     min_backlog: int
     direct_weight: float = 1.0
+    commit_lag_s: float = 0.7
+    max_backlog: int = 20_000
     ends: dict[int, int] = field(default_factory=dict)
     committed: dict[int, int] = field(default_factory=dict)
     members: int = 1
-    rate: float = 0.0  # lines the group commits per second (smoothed)
-    _last_total: int | None = None
-    _last_at: float = 0.0
+    rate: float = 0.0  # lines the group commits per second, over the last RATE_WINDOW_S
+    _history: deque[tuple[float, int]] = field(default_factory=deque)
+    _target: float = 0.0
 
     def produced(self, partition: int, offset: int) -> None:
         """A send acknowledged at ``offset`` (acks come in offset order per partition; taking the
         latest rather than the highest follows a broker that lost its data and starts again)."""
         self.ends[partition] = offset + 1
 
-    def observe(self, committed: dict[int, int], members: int, now: float) -> None:
-        """A probe's answer: committed offsets per partition and the group's member count."""
+    def observe(self, committed: dict[int, int], members: int, now: float, waiting: bool = True) -> None:
+        """A probe's answer: committed offsets per partition and the group's member count.
+
+        ``waiting``: lines are queued for the topic. If the group had committed everything (the
+        workers ran dry between two commits) the target doubles (slow start); otherwise it
+        relaxes towards what the rate needs.
+        """
         self.committed.update(committed)
         self.members = max(1, members)
         total = sum(self.committed.values())
-        if self._last_total is not None and now > self._last_at:
-            instant = max(0, total - self._last_total) / (now - self._last_at)
-            self.rate = instant if self.rate == 0 else 0.7 * self.rate + 0.3 * instant
-        self._last_total, self._last_at = total, now
+        self._history.append((now, total))
+        while len(self._history) > 2 and self._history[0][0] < now - RATE_WINDOW_S:
+            self._history.popleft()
+        (first_at, first), (last_at, last) = self._history[0], self._history[-1]
+        self.rate = max(0, last - first) / (last_at - first_at) if last_at > first_at else 0.0
+        if waiting and self.lag == 0:
+            self._target = min(self.max_backlog, max(self._needed, 2 * self._target, self.min_backlog))
+        else:
+            self._target = max(self._needed, 0.95 * self._target)
+
+    @property
+    def _needed(self) -> float:
+        """Every worker's window, plus the rate over the commit delay and ``backlog_seconds``."""
+        return self.members * self.worker_window + self.rate * (self.backlog_seconds + self.commit_lag_s)
 
     @property
     def lag(self) -> int:
@@ -60,7 +84,7 @@ class Backlog:
 
     @property
     def target(self) -> int:
-        wanted = self.members * self.worker_window + self.rate * self.backlog_seconds
+        wanted = min(self.max_backlog, max(self._target, self._needed))
         return max(self.min_backlog, math.ceil(wanted))
 
     def allowance(self, ours_in_topic: int) -> int:

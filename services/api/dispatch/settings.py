@@ -31,6 +31,9 @@ class DispatchSettings(BaseSettings):
     worker_window: int = 128
     backlog_seconds: float = 0.5
     min_backlog: int = 64
+    max_backlog: int = 20_000
+    # How long a finished line stays in the measured backlog: the workers commit every 0.5 s.
+    commit_lag_s: float = 0.7
     # The inference consumer group of a model: this prefix plus the model's topic slug.
     group_prefix: str = "batchstream-inference-"
     meter_seconds: float = 0.2
