@@ -3,7 +3,8 @@
 A line is tracked from its send (partition, offset) until the aggregator has seen its result.
 Once the inference group has committed past its offset, the worker has published its result (the
 worker commits only after the result is acknowledged); if the aggregator still has not seen it
-``grace_s`` later, a hop lost it, and the line is sent again, at most ``max_attempts`` times in
+``grace_s`` later, and has counted nothing new of the batch for ``grace_s`` (so it is not merely
+behind), a hop lost it, and the line is sent again, at most ``max_attempts`` times in
 all; after that it becomes a ``line_lost`` error line (published to the results topic, so the
 aggregator counts it like any result) and the batch can still complete.
 
@@ -75,6 +76,7 @@ class JourneyBook:
         self._lines: dict[tuple[str, int], SentLine] = {}
         self._uncommitted: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
         self._doubts: dict[str, Doubt] = {}
+        self._progress: dict[str, tuple[int, float]] = {}  # batch -> (lines seen, when it grew)
 
     def __len__(self) -> int:
         return len(self._lines)
@@ -107,15 +109,30 @@ class JourneyBook:
         batches = {b for (b, _), line in self._lines.items() if line.committed_at is not None}
         return batches | set(self._doubts)
 
+    def progress(self, batch_id: str, seen: SeenBitmap, now: float) -> float:
+        """When the aggregator last counted a new line of the batch (as far as we looked)."""
+        count = seen.count_below(1 << 40)
+        last = self._progress.get(batch_id)
+        if last is None or count > last[0]:
+            self._progress[batch_id] = (count, now)
+            return now
+        return last[1]
+
     def settle(self, batch_id: str, seen: SeenBitmap, now: float) -> tuple[list[SentLine], list[SentLine]]:
-        """Drop lines with a result; return ``(send_again, give_up)`` among the overdue rest."""
+        """Drop lines with a result; return ``(send_again, give_up)`` among the overdue rest.
+
+        Overdue: committed past ``grace_s`` ago, and the aggregator has counted no new line of
+        the batch for ``grace_s`` either: while it is still working through the batch's results
+        (it may trail the workers by many seconds under load), a missing line may just be late.
+        """
         again: list[SentLine] = []
         lost: list[SentLine] = []
+        stalled = self.progress(batch_id, seen, now) + self.grace_s <= now
         for key in [k for k in self._lines if k[0] == batch_id]:
             line = self._lines[key]
             if line.line in seen:
                 self._drop(key)
-            elif line.committed_at is not None and line.committed_at + self.grace_s <= now:
+            elif stalled and line.committed_at is not None and line.committed_at + self.grace_s <= now:
                 if line.attempt >= self.max_attempts:
                     self._drop(key)
                     lost.append(line)
@@ -141,9 +158,12 @@ class JourneyBook:
             self._doubts[batch_id] = Doubt(batch_id, upto_line, upto_byte, sent, now)
 
     def due_doubt(self, batch_id: str, now: float) -> Doubt | None:
-        """A doubt old enough to act on; it is consumed."""
+        """A doubt old enough to act on, once the batch's count has stood still for ``grace_s``
+        (call :meth:`settle` first); it is consumed."""
         doubt = self._doubts.get(batch_id)
         if doubt is None or doubt.since + self.takeover_grace_s > now:
+            return None
+        if self._progress.get(batch_id, (0, float("-inf")))[1] + self.grace_s > now:
             return None
         del self._doubts[batch_id]
         return doubt
@@ -157,6 +177,7 @@ class JourneyBook:
             self._drop(key)
         for batch_id in gone:
             self._doubts.pop(batch_id, None)
+            self._progress.pop(batch_id, None)
 
     def _drop(self, key: tuple[str, int]) -> None:
         line = self._lines.pop(key)
