@@ -68,10 +68,12 @@ class Backlog:
             self._history.popleft()
         (first_at, first), (last_at, last) = self._history[0], self._history[-1]
         self.rate = max(0, last - first) / (last_at - first_at) if last_at > first_at else 0.0
-        if waiting and self.lag == 0:
-            self._target = min(self.max_backlog, max(self._needed, 2 * self._target, self.min_backlog))
+        needed = self._needed
+        if waiting and self.lag == 0:  # at most 4x what the rate asks: a ramp, not a flood
+            grown = min(max(2 * self._target, self.min_backlog), 4 * needed)
+            self._target = min(self.max_backlog, max(needed, grown))
         else:
-            self._target = max(self._needed, 0.95 * self._target)
+            self._target = max(needed, 0.8 * self._target)
 
     @property
     def _needed(self) -> float:
