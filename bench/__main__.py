@@ -46,6 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
     pipe.add_argument("--small-runs", type=int, default=3, help="runs of the 10-line batch alone")
     pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
+    pipe.add_argument("--share-lines", type=int, default=20_000, help="each project's batch (shares)")
+    parity_group.add_argument(
+        "--hol-big", type=int, default=2_000, help="big batch (real engine head of line)"
+    )
+    parity_group.add_argument("--hol-small", type=int, default=10, help="small batch behind it")
     parser.add_argument(
         "--env",
         action="append",

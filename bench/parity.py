@@ -29,6 +29,7 @@ from typing import Any
 
 from openai import OpenAI
 
+from bench import dispatch
 from bench.common import (
     MongoPoller,
     ResultsTap,
@@ -233,6 +234,7 @@ def run(args: Any) -> dict[str, Any]:
                         result = batchstream_once(client, poller, tap, input_path, pids)
                     result["round"] = r + 1
                     rounds.append(result)
+            hol = head_of_line_real(args, client, poller, work)  # after parity: leaves it undisturbed
         finally:
             tap.close()
             poller.close()
@@ -312,7 +314,31 @@ def run(args: Any) -> dict[str, Any]:
         f"{summary['batchstream_worker_startup_s']:.1f} s."
     )
     print(cpu_report(rounds, stack.models[0].component))
-    return {"settings": _settings(args), "startup": startup, "rounds": rounds, "summary": summary}
+    dispatch.print_figures(
+        f"Dispatcher (real engine): {args.hol_small}-line batch behind {args.hol_big:,} lines", hol, None
+    )
+    return {
+        "settings": _settings(args),
+        "startup": startup,
+        "rounds": rounds,
+        "summary": summary,
+        "head_of_line": hol,
+    }
+
+
+def head_of_line_real(args: Any, client: OpenAI, poller: MongoPoller, work: Path) -> dict[str, Any]:
+    """Issue 10's real-engine figure: a small batch behind a big one, within 2x its time alone."""
+    print(f"parity: head of line, {args.hol_small} lines behind {args.hol_big:,} ...", flush=True)
+    big_path = work / "hol-big.jsonl"
+    build_input(big_path, args.hol_big, args.max_tokens)
+    big_id = client.files.create(file=(big_path.name, big_path.read_bytes()), purpose="batch").id
+
+    def upload_small(client: OpenAI, tag: str) -> str:
+        path = work / f"hol-{tag}.jsonl"
+        build_input(path, args.hol_small, args.max_tokens)
+        return client.files.create(file=(path.name, path.read_bytes()), purpose="batch").id
+
+    return dispatch.head_of_line(client, poller, upload_small, big_id, 3, factor=2.0, slack_s=0.0)
 
 
 def cpu_report(rounds: list[dict[str, Any]], worker: str) -> str:

@@ -13,7 +13,13 @@ about 200 MB, by default):
 - CPU seconds per 1,000 lines for every process of the stack (psutil, process trees), and each
   one's peak RSS sampled every 200 ms;
 - head-of-line: a 10-line batch created as soon as the large one is ``in_progress``, against the
-  same batch alone on the idle stack (median of ``--small-runs``).
+  same batch alone on the idle stack (median of ``--small-runs``); target (issue 10): within 1.2x
+  alone + 0.5 s;
+- shares (issue 10): two projects each create an equal ``--share-lines`` batch at once; each one's
+  share of the lines finished while both run (target 50% +/- 10%), see ``bench/dispatch.py``.
+
+With the dispatcher (docs/dispatcher.md), ``emitted`` means every line was dispatched: lines wait in
+object storage until the workers take them, so "ingest" now spans nearly the whole batch.
 
 ``--profile SERVICE`` records the named service with py-spy (if installed) during the large batch
 and prints its hottest functions; the raw collapsed stacks are saved under bench/results/.
@@ -34,6 +40,7 @@ from typing import Any
 
 from openai import OpenAI
 
+from bench import dispatch
 from bench.common import (
     MongoPoller,
     ProcessSampler,
@@ -51,6 +58,7 @@ from deploy.local.stack import ModelSpec, Stack
 
 MODEL = "fake-model"
 SMALL_LINES = 10
+HOL_FACTOR, HOL_SLACK_S = 1.2, 0.5  # issue 10: behind the big batch within 1.2x alone + 0.5 s
 
 
 class Profiler:
@@ -257,10 +265,26 @@ def _measure(
         "targets": {},
         "profile": profile,
     }
+    hol = out["head_of_line"]
+    hol["limit_s"] = HOL_FACTOR * hol["alone_median_s"] + HOL_SLACK_S
     out["targets"] = {
-        "ingest_under_10_s": out["ingest_s"] < 10,
         "batch_under_30_s": out["batch_s"] < 30,
+        "head_of_line": hol["during_s"] <= hol["limit_s"],
     }
+    work = Path(tempfile.mkdtemp(prefix="batchstream-shares-"))
+    try:
+
+        def upload_share(client: OpenAI, project: str) -> str:
+            path = work / f"{project}.jsonl"
+            write_padded_file(path, args.share_lines, 200, MODEL, project)
+            with path.open("rb") as fh:
+                return client.files.create(file=(path.name, fh), purpose="batch").id
+
+        print(f"pipeline: two projects, {args.share_lines:,} lines each, at once ...", flush=True)
+        out["shares"] = dispatch.project_shares(stack, poller, upload_share)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out["targets"]["project_shares"] = out["shares"]["target_met"]
     return out
 
 
@@ -289,12 +313,12 @@ def _print(r: dict[str, Any]) -> None:
     rows = [
         ["upload", r["upload_s"], f"{r['upload_mb_per_s']:.1f} MB/s", ""],
         ["validate (create -> in_progress)", r["validate_s"], "", ""],
-        ["emit (in_progress -> emitted)", r["emit_s"], "", ""],
+        ["dispatch (in_progress -> every line sent)", r["emit_s"], "metered by the dispatcher", ""],
         [
-            "ingest (upload -> all on Kafka)",
+            "ingest (upload -> every line sent)",
             r["ingest_s"],
             f"{r['ingest_lines_per_s']:,.0f} lines/s",
-            "< 10 s",
+            "",
         ],
         [
             "whole batch (create -> completed)",
@@ -314,7 +338,12 @@ def _print(r: dict[str, Any]) -> None:
             "",
         ],
         [f"{s['small_lines']}-line batch alone (median)", hol["alone_median_s"], "", ""],
-        [f"{s['small_lines']}-line batch during the big one", hol["during_s"], hol["during_status"], ""],
+        [
+            f"{s['small_lines']}-line batch during the big one",
+            hol["during_s"],
+            hol["during_status"],
+            f"<= {hol['limit_s']:.2f} s",
+        ],
     ]
     print()
     print(
@@ -340,9 +369,10 @@ def _print(r: dict[str, Any]) -> None:
     print(f"bench client CPU (upload, polling, results tap): {r['bench_client_cpu_s']:.1f} s")
     targets = r["targets"]
     print(
-        f"targets: ingest < 10 s: {'met' if targets['ingest_under_10_s'] else 'NOT met'}; "
-        f"whole batch < 30 s: {'met' if targets['batch_under_30_s'] else 'NOT met'}"
+        "targets: "
+        + "; ".join(f"{name.replace('_', ' ')}: {'met' if ok else 'NOT met'}" for name, ok in targets.items())
     )
+    dispatch.print_figures("Dispatcher (fake engine): two projects at once", None, r.get("shares"))
     profile = r.get("profile")
     if profile:
         print()

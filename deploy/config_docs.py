@@ -2,7 +2,7 @@
 
 The settings classes are the one owner of configuration; this page is derived from them, so it
 cannot drift (``tests/unit/test_docs.py`` fails when the committed page differs from what this
-module renders). Sources: ``shared/settings.py`` and every ``services/<name>/settings.py``. A field's
+module renders). Sources: ``shared/settings.py`` and every ``settings.py`` under ``services/``. A field's
 description is its attribute docstring (or ``Field(description=...)``)::
 
     python -m deploy.config_docs            # rewrite docs/configuration.md
@@ -47,7 +47,10 @@ def settings_modules() -> list[ModuleType]:
     """``shared.settings`` and each service's ``settings`` module, in a stable order."""
     names = ["shared.settings"]
     services = REPO_ROOT / "services"
-    names += [f"services.{path.parent.name}.settings" for path in sorted(services.glob("*/settings.py"))]
+    names += [
+        ".".join(path.relative_to(services.parent).with_suffix("").parts)
+        for path in sorted(services.glob("**/settings.py"))
+    ]
     return [importlib.import_module(name) for name in names]
 
 

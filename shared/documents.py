@@ -10,10 +10,16 @@ Batch internal fields:
 - ``defaults``: the batch-level ``SamplingDefaults``.
 - ``sort_key``: nanoseconds at creation (files too); lists sort and page by it.
 - ``output_expires_after``: ``{anchor, seconds}`` for the output and error files, or None.
-- ``emitted``: True once every request message has been published (a restarted api re-emits
-  batches left ``in_progress`` with ``emitted`` False; duplicates are counted once downstream).
-- ``attempts``: how many times processing (validation, emission) of the batch has started; a
-  batch that keeps failing ends ``failed`` after a bounded number (no poison batch).
+- ``emitted``: True once the dispatcher has published every request line.
+- ``attempts``: how many times processing (validation) of the batch has started; a batch that
+  keeps failing ends ``failed`` after a bounded number (no poison batch).
+- ``dispatchable``: set once the batch is validated: the api's dispatcher streams its lines from
+  the input file (its read position lives in ``dispatch_positions``, see services/api/dispatch).
+- ``priority``: the dispatch priority given at create (also public: echoed on the Batch).
+- ``dispatch_settled``: set by the dispatcher on a cancelling batch once every line it sent came
+  back: the aggregator then ends it without waiting for its cancel timeout.
+- ``seen_lines``: the aggregator's seen-lines bitmap (zlib-compressed bytes, bit ``n - 1`` for
+  line ``n``), written with its batched counts flush; the dispatcher reads it to find lost lines.
 
 Model documents (``models`` collection), upserted by inference workers as a heartbeat:
 ``{_id: model_id, created: int, max_context_length: int, endpoints: [str], last_seen: float}``.
@@ -46,6 +52,21 @@ class StoredDocument(BaseModel):
         return self.model_dump(by_alias=True)
 
 
+# Stored on the batch, never in a response.
+INTERNAL_BATCH_FIELDS = {
+    "id",
+    "project",
+    "defaults",
+    "sort_key",
+    "output_expires_after",
+    "emitted",
+    "attempts",
+    "dispatchable",
+    "dispatch_settled",
+    "seen_lines",
+}
+
+
 class BatchDocument(StoredDocument):
     project: str = "default"
     endpoint: str
@@ -73,11 +94,13 @@ class BatchDocument(StoredDocument):
     output_expires_after: dict[str, Any] | None = None
     emitted: bool = False
     attempts: int = 0
+    priority: int = 0
+    dispatchable: bool = False
+    dispatch_settled: bool = False
+    seen_lines: bytes | None = None
 
     def public(self) -> Batch:
-        fields = self.model_dump(
-            exclude={"id", "project", "defaults", "sort_key", "output_expires_after", "emitted", "attempts"}
-        )
+        fields = self.model_dump(exclude=INTERNAL_BATCH_FIELDS)
         fields.update(self.defaults.model_dump(exclude_none=True))
         first_error = self.errors.data[0] if self.errors and self.errors.data else None
         return Batch(id=self.id, started_at=self.in_progress_at, error=first_error, **fields)

@@ -52,6 +52,9 @@ OPEN: frozenset[BatchStatus] = frozenset(STATUSES) - TERMINAL
 RUNNING: frozenset[BatchStatus] = frozenset({"in_progress", "finalizing", "cancelling"})
 # Results are being counted: live counts are written in these only.
 COUNTING: frozenset[BatchStatus] = frozenset({"in_progress", "cancelling"})
+# Validated batches the api's dispatcher may still send lines of (cancelling: none new; it
+# watches the lines it sent come back).
+DISPATCHING: frozenset[BatchStatus] = frozenset({"in_progress", "cancelling"})
 # The completion window applies: past ``expires_at`` these end ``expired``.
 EXPIRABLE: frozenset[BatchStatus] = frozenset({"validating", "in_progress", "finalizing"})
 # A cancel request is refused (409) in these.

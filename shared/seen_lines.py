@@ -2,8 +2,10 @@
 
 One definition for both readers of result chunks: the aggregator keeps one per batch in its state
 table (the source of truth for dropping a result delivered twice), and the api's partial output
-keeps one per stream to send each line once. 50,000 lines take 6.25 KB; ``encode`` compresses it
-for the table's changelog (a few bytes once every line is seen).
+keeps one per stream to send each line once; the api's dispatcher reads the copy the
+aggregator's counts flush writes to the batch document to find lines that were lost. 50,000
+lines take 6.25 KB; ``encode`` compresses it for the table's changelog (a few bytes once every
+line is seen).
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ class SeenLines:
     def count(self) -> int:
         return sum(b.bit_count() for b in self._bits)
 
+    def count_below(self, line: int) -> int:
+        """How many lines numbered below ``line`` are seen."""
+        whole, rest = divmod(line - 1, 8)
+        count = sum(b.bit_count() for b in self._bits[:whole])
+        if rest and whole < len(self._bits):
+            count += (self._bits[whole] & ((1 << rest) - 1)).bit_count()
+        return count
+
     def encode(self) -> str:
         """zlib-compressed, base64-encoded: how the aggregator's state table stores it."""
         return base64.b64encode(zlib.compress(bytes(self._bits), 6)).decode()
@@ -43,3 +53,8 @@ class SeenLines:
     @classmethod
     def decode(cls, text: str) -> SeenLines:
         return cls(zlib.decompress(base64.b64decode(text)) if text else b"")
+
+    @classmethod
+    def from_compressed(cls, stored: bytes | None) -> SeenLines:
+        """The zlib bytes the aggregator's counts flush writes to the batch (``seen_lines``)."""
+        return cls(zlib.decompress(stored) if stored else b"")

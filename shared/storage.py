@@ -134,9 +134,16 @@ class ObjectStore:
         stat = await asyncio.to_thread(self._translate, self.client.stat_object, self.bucket, key)
         return int(stat.size or 0)
 
-    async def iter_chunks(self, key: str, chunk_size: int = READ_CHUNK) -> AsyncIterator[bytes]:
-        """Yield the object's bytes in chunks, holding one chunk at a time."""
-        response = await asyncio.to_thread(self._translate, self.client.get_object, self.bucket, key)
+    async def iter_chunks(
+        self, key: str, chunk_size: int = READ_CHUNK, offset: int = 0, length: int = 0
+    ) -> AsyncIterator[bytes]:
+        """Yield the object's bytes in chunks, holding one chunk at a time.
+
+        ``offset``/``length`` read a range (``length`` 0: to the end).
+        """
+        response = await asyncio.to_thread(
+            self._translate, self.client.get_object, self.bucket, key, offset, length
+        )
         chunks: Iterator[bytes] = response.stream(chunk_size)
         try:
             while True:

@@ -5,7 +5,7 @@ store's ``overdue`` query is its filter form, for the sweep). The finalizer
 then writes one error line per line still without a result (``batch_expired`` or
 ``batch_cancelled``) by streaming the input file from object storage, and merges those lines
 after the result chunks, so a real result always wins over a fill line for the same number.
-Line numbers count every line of the input file, blank lines included (as the api's emitter
+Line numbers count every line of the input file, blank lines included (as the api's dispatcher
 numbers them); blank lines get no output line.
 """
 
@@ -45,7 +45,8 @@ def close_reason(doc: dict[str, Any], now: float, cancel_timeout_s: float) -> Cl
     status = doc.get("status")
     if status == "cancelling":
         cancelling_at = doc.get("cancelling_at")
-        if cancelling_at is None or cancelling_at + cancel_timeout_s <= now:
+        # dispatch_settled: the api's dispatcher saw every line it sent come back (no wait).
+        if cancelling_at is None or cancelling_at + cancel_timeout_s <= now or doc.get("dispatch_settled"):
             return CANCELLED
         return None
     expires_at = doc.get("expires_at")

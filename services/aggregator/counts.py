@@ -13,6 +13,7 @@ batch marked outside the agent).
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -63,4 +64,6 @@ class CountsFlusher:
         if raw is None:  # finalized and forgotten meanwhile
             return None
         state = BatchState.from_dict(raw)
-        return LiveCounts(state.completed, state.failed, state.usage_document())
+        # seen_lines: for the api's dispatcher, which lines have a result (zlib bitmap bytes).
+        seen = base64.b64decode(raw.get("seen") or "")
+        return LiveCounts(state.completed, state.failed, state.usage_document(), seen)

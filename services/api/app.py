@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -10,11 +13,13 @@ from fastapi import FastAPI, Request, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
 
+from services.api.dispatch.loop import Dispatcher
+from services.api.dispatch.settings import DispatchSettings
 from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
 from services.api.openapi import install_openapi
 from services.api.routes import batches, files, health, models, partial
+from services.api.service.announcer import ControlAnnouncer
 from services.api.service.batches import BatchService
-from services.api.service.emitter import RequestEmitter
 from services.api.service.files import FileService
 from services.api.service.keys import KeyRing
 from services.api.service.partial import PartialOutputService
@@ -68,7 +73,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             IdempotencyStore(mongo.idempotency),
             store,
             file_service,
-            RequestEmitter(producer, kafka_settings),
+            ControlAnnouncer(producer, kafka_settings),
             api_settings,
         )
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
@@ -76,10 +81,24 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.partial = PartialOutputService(batch_store, file_store, store)
         app.state.files, app.state.batches = file_service, batch_service
         app.state.keys = KeyRing(mongo, api_settings.project_by_key())
+        dispatcher = Dispatcher(
+            mongo=mongo,
+            batches=batch_store,
+            files=file_store,
+            store=store,
+            producer=producer,
+            kafka=kafka_settings,
+            settings=DispatchSettings(),
+            owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+        )
+        batch_service.on_dispatchable = dispatcher.wake
+        app.state.dispatcher = dispatcher
         await batch_service.recover()
+        dispatcher.start()
         log.info("api ready", extra={"port": api_settings.port})
         yield
         await batch_service.shutdown()
+        await dispatcher.stop()
     finally:
         await producer.stop()
         await mongo.close()

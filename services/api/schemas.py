@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from shared.protocol.messages import SamplingDefaults
 
@@ -24,6 +24,8 @@ class BatchCreateParams(SamplingDefaults):
     completion_window: str = "24h"
     metadata: Any = None
     output_expires_after: ExpiresAfter | None = None
+    # batchstream's extension: higher runs first among the model's queued batches (docs/dispatcher.md).
+    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
 
     def defaults(self) -> SamplingDefaults:
         return SamplingDefaults.model_validate(self.model_dump(include=set(SamplingDefaults.model_fields)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from shared.protocol.openai import Endpoint
@@ -16,6 +17,10 @@ from shared.protocol.openai import Endpoint
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonEmptyText = Annotated[str, Field(min_length=1)]
 NonEmptyList = Annotated[list[Any], Field(min_length=1)]
+
+
+# A UTF-8 byte order mark is accepted at the start of an input file.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class BatchRequestInput(BaseModel):
@@ -26,6 +31,11 @@ class BatchRequestInput(BaseModel):
     method: Literal["POST"] = "POST"
     url: Endpoint
     body: dict[str, Any]
+
+    @classmethod
+    def parse(cls, raw: bytes) -> BatchRequestInput:
+        """A line validation accepted (UTF-8 JSON; a file's leading BOM is dropped)."""
+        return cls.model_validate(orjson.loads(raw.removeprefix(UTF8_BOM)))
 
 
 class RequestBody(BaseModel):

@@ -97,6 +97,8 @@ class Batch(SamplingDefaults):
     # failure's details (= the first of errors.data).
     started_at: int | None = None
     error: BatchError | None = None
+    # batchstream's dispatch priority (an extension; higher first; 0 unless given at create).
+    priority: int = 0
 
 
 class ModelCard(BaseModel):

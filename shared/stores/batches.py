@@ -22,10 +22,26 @@ from shared import lifecycle
 from shared.documents import BatchDocument
 from shared.lifecycle import BatchStatus
 from shared.protocol.openai import BatchError, BatchErrors
+from shared.seen_lines import SeenLines
 
 Document = dict[str, Any]
 # (batch id, project, terminal status), awaited after a batch ended.
 EndListener = Callable[[str, str, BatchStatus], Awaitable[None]]
+
+
+# The batch document's fields the api's dispatcher reads (services/api/dispatch/state.py).
+DISPATCH_FIELDS = {
+    "model": 1,
+    "project": 1,
+    "status": 1,
+    "priority": 1,
+    "expires_at": 1,
+    "sort_key": 1,
+    "input_file_id": 1,
+    "defaults": 1,
+    "request_counts.total": 1,
+    "emitted": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,7 @@ class LiveCounts:
     completed: int
     failed: int
     usage: Mapping[str, Any]
+    seen_lines: bytes | None = None  # the seen-lines bitmap, for the api's dispatcher (lost lines)
 
 
 @dataclass(frozen=True)
@@ -95,8 +112,8 @@ class BatchStore:
         return [BatchDocument.model_validate(d) for d in await cursor.limit(limit).to_list()]
 
     async def unfinished_work(self) -> list[BatchDocument]:
-        """Batches an api process left validating or half emitted (resumed on start)."""
-        query = {"$or": [{"status": "validating"}, {"status": "in_progress", "emitted": False}]}
+        """Batches an api process left validating, or validated but not handed to the dispatcher."""
+        query = {"$or": [{"status": "validating"}, {"status": "in_progress", "dispatchable": {"$ne": True}}]}
         return [BatchDocument.model_validate(d) async for d in self._batches.find(query)]
 
     async def reads_file(self, file_id: str) -> bool:
@@ -113,6 +130,8 @@ class BatchStore:
             "$or": [
                 {"status": {"$in": sorted(lifecycle.EXPIRABLE)}, "expires_at": {"$lte": now}},
                 {"status": "cancelling", "cancelling_at": {"$lte": now - cancel_timeout_s}},
+                # The api's dispatcher saw every line it sent come back: no need to wait.
+                {"status": "cancelling", "dispatch_settled": True},
             ]
         }
         cursor = self._batches.find(query, {"_id": 1}).limit(limit)
@@ -182,7 +201,29 @@ class BatchStore:
     # ---------------------------------------------------------------- other writes
 
     async def mark_emitted(self, batch_id: str) -> None:
+        """The dispatcher has published every line of the batch."""
         await self._batches.update_one({"_id": batch_id}, {"$set": {"emitted": True}})
+
+    async def mark_dispatchable(self, batch_id: str) -> None:
+        """Validated: the api's dispatcher may stream its lines (services/api/dispatch)."""
+        await self._batches.update_one({"_id": batch_id}, {"$set": {"dispatchable": True}})
+
+    async def settle_dispatch(self, batch_id: str) -> None:
+        """A cancelling batch whose every dispatched line came back: the aggregator may end it."""
+        await self._batches.update_one(
+            {"_id": batch_id, "status": "cancelling"}, {"$set": {"dispatch_settled": True}}
+        )
+
+    async def dispatch_queue(self) -> list[Document]:
+        """What the api's dispatcher reads of every validated batch still running or cancelling
+        (a projection: ``DISPATCH_FIELDS``)."""
+        query = {"dispatchable": True, "status": {"$in": sorted(lifecycle.DISPATCHING)}}
+        return await self._batches.find(query, DISPATCH_FIELDS).to_list()
+
+    async def seen_lines(self, batch_ids: Iterable[str]) -> dict[str, SeenLines]:
+        """The aggregator's seen-lines bitmaps of these batches, as last flushed."""
+        found = self._batches.find({"_id": {"$in": list(batch_ids)}}, {"seen_lines": 1})
+        return {str(d["_id"]): SeenLines.from_compressed(d.get("seen_lines")) async for d in found}
 
     async def count_attempt(self, batch_id: str) -> int:
         """Count one more processing attempt; returns the attempts so far, this one included."""
@@ -208,6 +249,7 @@ class BatchStore:
                         "request_counts.completed": c.completed,
                         "request_counts.failed": c.failed,
                         "usage": dict(c.usage),
+                        **({"seen_lines": c.seen_lines} if c.seen_lines is not None else {}),
                     }
                 },
             )
@@ -220,5 +262,8 @@ class BatchStore:
         """Run an in_progress batch again from the start (the broker lost its messages)."""
         await self._batches.update_one(
             {"_id": batch_id, "status": "in_progress"},
-            {"$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0}},
+            {
+                "$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0},
+                "$unset": {"seen_lines": ""},
+            },
         )

@@ -30,6 +30,11 @@ class FileStore:
             {"_id": file.id}, {"$set": doc, "$setOnInsert": first_write}, upsert=True
         )
 
+    async def object_keys(self, file_ids: list[str]) -> dict[str, str]:
+        """Where the bytes of these files are (file id -> object key)."""
+        found = self._files.find({"_id": {"$in": file_ids}}, {"object_key": 1})
+        return {str(d["_id"]): str(d["object_key"]) async for d in found}
+
     async def get(self, file_id: str) -> FileDocument | None:
         """The file whatever its state (deleted and expired included)."""
         doc = await self._files.find_one({"_id": file_id})

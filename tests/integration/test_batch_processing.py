@@ -36,17 +36,16 @@ MODEL = "poison-test-model"
 
 
 class FailingEmitterFake:
-    """Publishes nothing: every emit raises; announcements are recorded."""
+    """Announcing a validated batch always raises; cancellations are recorded."""
 
     def __init__(self) -> None:
-        self.emits = 0
+        self.failed_announcements = 0
         self.announced: list[ControlMessage] = []
 
-    async def emit(self, batch: BatchDocument, lines: AsyncIterator[bytes]) -> int:
-        self.emits += 1
-        raise RuntimeError("boom while publishing")
-
     async def announce(self, message: ControlMessage) -> None:
+        if not message.cancelled:
+            self.failed_announcements += 1
+            raise RuntimeError("boom while announcing")
         self.announced.append(message)
 
 
@@ -107,10 +106,10 @@ async def test_a_batch_that_keeps_failing_ends_failed_saying_why(
         "p", BatchCreateParams(input_file_id=upload.id, metadata={"n": str(uuid.uuid4())})
     )
     failed = await ended(batches.batches, created.id)
-    assert emitter.emits == 2  # process_attempts, then no more
+    assert emitter.failed_announcements == 2  # process_attempts, then no more
     assert failed.errors is not None
     (error,) = failed.errors.data
-    assert error.code == "processing_failed" and "RuntimeError: boom while publishing" in error.message
+    assert error.code == "processing_failed" and "RuntimeError: boom while announcing" in error.message
     assert failed.public().error == error
     assert any(m.batch_id == created.id and m.cancelled for m in emitter.announced)
 

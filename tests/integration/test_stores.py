@@ -140,7 +140,7 @@ async def test_requeue_and_unfinished_work(batches: BatchStore) -> None:
     stored = await batches.get(batch.id)
     assert stored is not None and not stored.emitted and stored.request_counts.completed == 0
     assert batch.id in {b.id for b in await batches.unfinished_work()}
-    await batches.mark_emitted(batch.id)
+    await batches.mark_dispatchable(batch.id)  # handed to the dispatcher: the api's work is done
     assert batch.id not in {b.id for b in await batches.unfinished_work()}
     assert await batches.count_attempt(batch.id) == 1
     assert await batches.count_attempt(batch.id) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import urllib3
@@ -13,10 +14,9 @@ from pymongo.errors import ConnectionFailure
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
 from services.api.schemas import BatchCreateParams
-from services.api.service.emitter import RequestEmitter
+from services.api.service.announcer import ControlAnnouncer
 from services.api.service.files import FileService, page
 from services.api.service.idempotency import CreateDeduplicator
-from services.api.service.spool import LineSpool
 from services.api.service.validation import InputValidator
 from shared import ids
 from shared.documents import BatchDocument, FileDocument, sort_key
@@ -77,17 +77,18 @@ class BatchService:
         claims: IdempotencyStore,
         store: ObjectStore,
         files: FileService,
-        emitter: RequestEmitter,
+        announcer: ControlAnnouncer,
         settings: ApiSettings,
     ) -> None:
         self.batches = batches
         self.models = models
         self.store = store
         self.files = files
-        self.emitter = emitter
+        self.announcer = announcer
         self.settings = settings
         self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
 
     async def create(
         self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
@@ -132,6 +133,7 @@ class BatchService:
             output_expires_after=(
                 params.output_expires_after.model_dump() if params.output_expires_after else None
             ),
+            priority=params.priority or 0,
         )
         await self.batches.insert(batch)
         self.start_processing(batch, input_file)
@@ -164,7 +166,7 @@ class BatchService:
             )
         if batch.status != "cancelling":
             await self.batches.request_cancel(batch_id)
-        await self.emitter.announce(ControlMessage(batch_id=batch_id, model=batch.model, cancelled=True))
+        await self.announcer.announce(ControlMessage(batch_id=batch_id, model=batch.model, cancelled=True))
         return await self.get(project, batch_id)
 
     # Background work: validation and emission run after the create call has answered.
@@ -186,7 +188,7 @@ class BatchService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _process(self, batch: BatchDocument, input_file: FileDocument | None) -> None:
-        """Validate and emit one batch; whatever goes wrong stays with this batch.
+        """Validate one batch and hand it to the dispatcher; whatever goes wrong stays with this batch.
 
         An error is retried ``process_attempts`` times with backoff; then an outage of a
         dependency leaves the batch for the next start, and any other error ends it ``failed``
@@ -228,17 +230,25 @@ class BatchService:
             return
         if input_file is None:
             input_file = await self.files.documents.get(batch.input_file_id)
-        with LineSpool() as spool:
-            lines = None
-            if batch.status == "validating":
-                started = await self._validate(batch, input_file, spool)
-                if started is None:
-                    return
-                batch, lines = started, spool.lines()  # emit what validation read
-            if batch.status != "in_progress" or batch.emitted or input_file is None:
+        if batch.status == "validating":
+            started = await self._validate(batch, input_file)
+            if started is None:
                 return
-            await self.emitter.emit(batch, lines or self.store.iter_lines(input_file.object_key))
-        await self.batches.mark_emitted(batch.id)
+            batch = started
+        if batch.status != "in_progress" or batch.dispatchable:
+            return
+        # The workers' and aggregator's batch facts (again on a retry: the topic is compacted).
+        await self.announcer.announce(
+            ControlMessage(
+                batch_id=batch.id,
+                model=batch.model,
+                total=batch.request_counts.total,
+                expires_at=batch.expires_at,
+            )
+        )
+        # The dispatcher (services/api/dispatch) streams the lines from the input file.
+        await self.batches.mark_dispatchable(batch.id)
+        self.on_dispatchable()
 
     async def _give_up(self, batch: BatchDocument, reason: str) -> None:
         """End a batch that cannot be processed: ``failed``, saying why; its lines already sent
@@ -249,13 +259,11 @@ class BatchService:
             return
         await self._fail(current, [error])
         if current.model is not None:
-            await self.emitter.announce(
+            await self.announcer.announce(
                 ControlMessage(batch_id=batch.id, model=current.model, cancelled=True)
             )
 
-    async def _validate(
-        self, batch: BatchDocument, input_file: FileDocument | None, spool: LineSpool
-    ) -> BatchDocument | None:
+    async def _validate(self, batch: BatchDocument, input_file: FileDocument | None) -> BatchDocument | None:
         """Validate the input file; move the batch to in_progress (returned) or failed (None)."""
         if input_file is None:
             await self._fail(
@@ -268,7 +276,7 @@ class BatchService:
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
         )
-        report = await validator.run(spool.tee(self.store.iter_lines(input_file.object_key)))
+        report = await validator.run(self.store.iter_lines(input_file.object_key))
         if not report.ok:
             await self._fail(batch, report.errors)
             log.info(
@@ -278,15 +286,10 @@ class BatchService:
             return None
         if not await self.batches.start(batch.id, report.model, report.lines):
             return None  # cancelled (or ended) meanwhile
-        await self.emitter.announce(
-            ControlMessage(
-                batch_id=batch.id,
-                model=report.model,
-                total=report.lines,
-                expires_at=batch.expires_at,
-            )
+        counts = batch.request_counts.model_copy(update={"total": report.lines})
+        return batch.model_copy(
+            update={"status": "in_progress", "model": report.model, "request_counts": counts}
         )
-        return batch.model_copy(update={"status": "in_progress", "model": report.model})
 
     async def _fail(self, batch: BatchDocument, errors: list[BatchError]) -> None:
         await self.batches.fail(batch.id, errors)

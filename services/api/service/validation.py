@@ -13,10 +13,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from shared.protocol.batch_input import BODY_BY_ENDPOINT
+from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
-
-UTF8_BOM = b"\xef\xbb\xbf"  # accepted at the start of the file, as json.loads did
 
 
 @dataclass

@@ -23,6 +23,11 @@ def test_close_reason() -> None:
     assert close_reason({"status": "in_progress", "expires_at": 1001}, now, 60) is None
     assert close_reason({"status": "cancelling", "cancelling_at": 940}, now, 60) == CANCELLED
     assert close_reason({"status": "cancelling", "cancelling_at": 941}, now, 60) is None
+    # The dispatcher saw every line it sent come back: no need to wait for the timeout.
+    assert (
+        close_reason({"status": "cancelling", "cancelling_at": 990, "dispatch_settled": True}, now, 60)
+        == CANCELLED
+    )
     # The cancel timeout wins over expiry while cancelling; terminal batches are never closed.
     assert close_reason({"status": "cancelling", "cancelling_at": 990, "expires_at": 0}, now, 60) is None
     assert close_reason({"status": "completed", "expires_at": 0}, now, 60) is None

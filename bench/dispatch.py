@@ -1,0 +1,144 @@
+"""The dispatcher's figures (issue 10): head of line and the projects' shares of throughput.
+
+- Head of line: a small batch created while a big one runs, against the same small batch alone
+  (median of ``runs``). Targets: instant engine within 1.2x alone + 0.5 s (behind 50,000 lines);
+  real engine within 2x alone (behind 2,000 lines).
+- Shares: two projects, each with an equal batch created at the same moment; while both run,
+  each one's share of the lines finished (from the polled ``request_counts``). Target: 50% +/- 10%.
+
+The pipeline benchmark (fake engine) and the parity benchmark (real engine) call these on their
+own stacks; nothing here starts a stack.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from openai import OpenAI
+
+from bench.common import BatchTrace, MongoPoller, median, table
+from deploy.local.stack import Stack
+
+UploadSmall = Callable[[OpenAI, str], str]
+
+
+def create(client: OpenAI, file_id: str) -> tuple[str, float]:
+    created = time.time()
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return batch.id, created
+
+
+def small_alone(client: OpenAI, poller: MongoPoller, upload_small: UploadSmall, runs: int) -> list[float]:
+    """The small batch alone on the idle stack; the first run warms up and is dropped."""
+    alone = []
+    for n in range(runs + 1):
+        batch_id, created = create(client, upload_small(client, f"alone{n}"))
+        trace = poller.wait(batch_id, 600)
+        if n:
+            alone.append(trace.status_at["completed"] - created)
+    return alone
+
+
+def head_of_line(
+    client: OpenAI,
+    poller: MongoPoller,
+    upload_small: UploadSmall,
+    big_file_id: str,
+    runs: int,
+    factor: float,
+    slack_s: float,
+) -> dict[str, Any]:
+    """Small alone, then small created as soon as the big batch is in_progress."""
+    alone = small_alone(client, poller, upload_small, runs)
+    small_file = upload_small(client, "during")
+    big_id, _ = create(client, big_file_id)
+    poller.wait(big_id, 600, "in_progress")
+    small_id, small_created = create(client, small_file)
+    small = poller.wait(small_id, 1800)
+    big = poller.wait(big_id, 3600)
+    during = small.status_at.get("completed", float("nan")) - small_created
+    limit = factor * median(alone) + slack_s
+    return {
+        "alone_s": alone,
+        "alone_median_s": median(alone),
+        "during_s": during,
+        "during_status": small.doc.get("status"),
+        "big_status": big.doc.get("status"),
+        "small_done_before_big": small.status_at.get("completed", 0) < big.status_at.get("completed", 0),
+        "limit_s": limit,
+        "target_met": during <= limit,
+    }
+
+
+def create_key(stack: Stack, project: str) -> str:
+    """An API key of another project, made the way an operator makes one."""
+    out = subprocess.run(
+        [sys.executable, "-m", "services.api.keys", "create", "--project", project],
+        env={**os.environ, **stack.env()},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def project_shares(stack: Stack, poller: MongoPoller, upload: Callable[[OpenAI, str], str]) -> dict[str, Any]:
+    """Two projects' equal batches at once; each one's share while both run."""
+    clients = {
+        project: OpenAI(
+            base_url=stack.base_url, api_key=create_key(stack, project), max_retries=5, timeout=600
+        )
+        for project in ("team-a", "team-b")
+    }
+    files = {project: upload(client, project) for project, client in clients.items()}
+    ids = {project: create(client, files[project])[0] for project, client in clients.items()}
+    traces = {project: poller.wait(batch_id, 3600) for project, batch_id in ids.items()}
+    return {"projects": list(ids), **shares_while_both_run(traces)}
+
+
+def shares_while_both_run(traces: dict[str, BatchTrace]) -> dict[str, Any]:
+    """Lines each batch finished between the later one's first result and the earlier end."""
+    starts = [next((t for t, c in trace.counts if c > 0), float("inf")) for trace in traces.values()]
+    ends = [
+        trace.status_at.get("finalizing", trace.status_at.get("completed", 0)) for trace in traces.values()
+    ]
+    begin, end = max(starts), min(ends)
+
+    def done_at(trace: BatchTrace, moment: float) -> int:
+        return max((c for t, c in trace.counts if t <= moment), default=0)
+
+    finished = {p: done_at(tr, end) - done_at(tr, begin) for p, tr in traces.items()}
+    total = sum(finished.values()) or 1
+    shares = {p: n / total for p, n in finished.items()}
+    return {
+        "window_s": end - begin,
+        "finished_in_window": finished,
+        "shares": shares,
+        "target_met": all(0.4 <= s <= 0.6 for s in shares.values()) and end > begin,
+    }
+
+
+def print_figures(title: str, hol: dict[str, Any] | None, shares: dict[str, Any] | None) -> None:
+    rows: list[list[Any]] = []
+    if hol:
+        rows.append(["small batch alone (median)", hol["alone_median_s"], ""])
+        rows.append(
+            [
+                "small batch behind the big one",
+                hol["during_s"],
+                f"limit {hol['limit_s']:.2f} s: {'met' if hol['target_met'] else 'NOT met'}",
+            ]
+        )
+    if shares:
+        for project, share in shares["shares"].items():
+            rows.append([f"share of {project} while both ran", share, "50% +/- 10%"])
+        rows.append(["window both ran (s)", shares["window_s"], "met" if shares["target_met"] else "NOT met"])
+    print()
+    print(table(title, ["figure", "value", "target"], rows))

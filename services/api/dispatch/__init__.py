@@ -1,0 +1,8 @@
+"""The dispatcher: meters each model's requests topic and chooses which batch's lines go next.
+
+Modules: ``settings`` (knobs), ``policy`` (pure ordering), ``meter`` (how many lines the topic may
+take), ``lease`` (one active dispatcher per model), ``positions`` (where each batch's input was read
+up to), ``reader`` (input lines from object storage), ``journey`` (the pure book of lines consumed
+but never answered) and ``recovery`` (acting on it), ``sender`` (the messages), ``state`` (what is
+kept in memory), ``metrics`` and ``loop`` (the task the api lifespan starts). See docs/dispatcher.md.
+"""

@@ -1,0 +1,340 @@
+"""The dispatcher task the api lifespan starts: one loop per api process, all models.
+
+Each round, for every model with queued batches whose lease this replica holds: read the group's
+backlog (``meter``), ask the policy how to split what the topic may take (``policy``), read those
+lines from the input files in object storage (``reader``), publish one ``RequestMessage`` per line,
+record each line's partition and offset (``journey``) and advance the batch's position
+(``positions``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
+consumed but never answered are sent again (``recovery``). The batch service marks a validated batch
+``dispatchable`` and wakes the loop; cancelled and expired batches simply stop being dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
+
+from services.api.dispatch import metrics
+from services.api.dispatch.journey import JourneyBook
+from services.api.dispatch.lease import LeaseStore
+from services.api.dispatch.meter import Backlog, GroupProbe
+from services.api.dispatch.policy import FairSharePolicy
+from services.api.dispatch.positions import Position, PositionStore
+from services.api.dispatch.reader import InputCursor
+from services.api.dispatch.recovery import Recovery
+from services.api.dispatch.sender import LineSender
+from services.api.dispatch.settings import DispatchSettings
+from services.api.dispatch.state import ModelState, QueuedState, Sending
+from shared.kafka import ensure_topics
+from shared.mongo import Mongo
+from shared.settings import KafkaSettings
+from shared.storage import ObjectStore
+from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
+from shared.topics import model_slug, requests_topic
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        mongo: Mongo,
+        batches: BatchStore,
+        files: FileStore,
+        store: ObjectStore,
+        producer: AIOKafkaProducer,
+        kafka: KafkaSettings,
+        settings: DispatchSettings,
+        owner: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.batch_store, self.files, self.store, self.producer = batches, files, store, producer
+        self.kafka, self.settings = kafka, settings
+        self.clock = clock
+        self.leases = LeaseStore(mongo.db["dispatch_leases"], owner, settings.lease_ttl_s)
+        self.positions = PositionStore(mongo.db["dispatch_positions"])
+        self.policy = FairSharePolicy(
+            weights=settings.weights(),
+            default_weight=settings.default_project_weight,
+            quantum=settings.quantum_lines,
+            start_lines=settings.start_lines,
+            deadline_resolution_s=settings.deadline_resolution_s,
+        )
+        self.probe = GroupProbe(kafka.bootstrap_servers)
+        self.sender = LineSender(producer, kafka)
+        self.recovery = Recovery(batches, store, self.sender, settings)
+        self.batches: dict[str, QueuedState] = {}
+        self.models: dict[str, ModelState] = {}
+        self._ensured: set[str] = set()
+        self._wake = asyncio.Event()
+        self._refresh_now = True
+        self._refreshed_at = 0.0
+        self._journeys_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="dispatcher")
+
+    def wake(self) -> None:
+        """A batch became dispatchable (or changed): look at the queue now, not next refresh."""
+        self._refresh_now = True
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop dispatching, persist positions and hand the leases over at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self._save_positions(self.clock(), force=True)
+            await self.leases.release([m for m, s in self.models.items() if s.held_at is not None])
+        except Exception:
+            log.exception("dispatcher shutdown: could not save positions or release leases")
+        for state in self.batches.values():
+            await state.close_cursor()
+        await self.probe.close()
+
+    async def run(self) -> None:
+        while True:
+            if await self._round_retrying() >= self.settings.round_lines:
+                await asyncio.sleep(0)  # a full round: more may be due at once
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.round_seconds)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _round_retrying(self) -> int:
+        """A round, tried again with backoff while a dependency fails (MongoDB, Kafka, S3)."""
+        retrying = AsyncRetrying(
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            retry=retry_if_exception_type(Exception),
+            before_sleep=before_sleep_log(log, logging.WARNING, exc_info=True),
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self.round()
+        return 0  # not reached: it retries until a round succeeds
+
+    # ----------------------------------------------------------------- round
+
+    async def round(self) -> int:
+        """One dispatch round over every model; returns the lines sent."""
+        now = self.clock()
+        if self._refresh_now or now - self._refreshed_at >= self.settings.refresh_seconds:
+            await self._refresh(now)
+        sent = 0
+        for model in sorted({s.model for s in self.batches.values()}):
+            if await self._lead(model, now):
+                await self._meter(model, now)
+                sent += await self._dispatch(model, now)
+        if now - self._journeys_at >= self.settings.journey_check_seconds:
+            self._journeys_at = now
+            for model, state in list(self.models.items()):
+                if state.held_at is not None:
+                    await self.recovery.check(model, state, self.batches, now)
+        await self._save_positions(now)
+        self._publish_metrics()
+        return sent
+
+    async def _refresh(self, now: float) -> None:
+        self._refresh_now, self._refreshed_at = False, now
+        docs = await self.batch_store.dispatch_queue()
+        fresh = [d for d in docs if d["_id"] not in self.batches and d.get("model")]
+        if fresh:
+            await self._add(fresh, now)
+        for doc in docs:
+            state = self.batches.get(doc["_id"])
+            if state is not None:
+                state.status = doc["status"]
+        gone = set(self.batches) - {d["_id"] for d in docs}
+        if gone:
+            await self._forget(gone)
+
+    async def _add(self, docs: list[dict[str, Any]], now: float) -> None:
+        positions = await self.positions.load([d["_id"] for d in docs])
+        file_ids = list({d["input_file_id"] for d in docs})
+        keys = await self.files.object_keys(file_ids)
+        for doc in docs:
+            key = keys.get(doc["input_file_id"])
+            if key is None:
+                continue  # the input file is gone: the batch cannot run (finalize fills it)
+            position = positions.get(doc["_id"], Position())
+            state = QueuedState.from_document(doc, key, position)
+            self.batches[state.batch_id] = state
+            # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
+            book = self._model(state.model).book
+            book.doubt(state.batch_id, position.line, position.byte, position.sent, now)
+
+    async def _forget(self, batch_ids: set[str]) -> None:
+        for batch_id in batch_ids:
+            state = self.batches.pop(batch_id, None)
+            if state is None:
+                continue
+            await state.close_cursor()
+            self._model(state.model).book.forget([batch_id])
+        self.policy.forget({s.project for s in self.batches.values()})
+
+    def _model(self, model: str) -> ModelState:
+        found = self.models.get(model)
+        if found is None:
+            s = self.settings
+            found = ModelState(
+                topic=requests_topic(self.kafka, model),
+                backlog=Backlog(
+                    s.worker_window,
+                    s.backlog_seconds,
+                    s.min_backlog,
+                    s.direct_weight,
+                    commit_lag_s=s.commit_lag_s,
+                    max_backlog=s.max_backlog,
+                ),
+                book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
+            )
+            self.models[model] = found
+        return found
+
+    async def _lead(self, model: str, now: float) -> bool:
+        """Hold the model's lease; on taking it over, start from what MongoDB says."""
+        state = self._model(model)
+        if state.held_at is not None and now - state.held_at < self.settings.lease_renew_s:
+            return True
+        held = await self.leases.hold(model, now)
+        was_held = state.held_at is not None
+        state.held_at = now if held else None
+        metrics.LEADER.labels(model).set(1 if held else 0)
+        if held and not was_held:
+            log.info("dispatching", extra={"model": model, "owner": self.leases.owner})
+            await self._reload_model(model)
+            return False
+        if not held and was_held:
+            log.info("lost the dispatch lease", extra={"model": model})
+            await self._save_positions(now, force=True)
+            await self._reload_model(model)
+        return held
+
+    async def _reload_model(self, model: str) -> None:
+        """Drop what this process knew of the model's batches; the next refresh reloads them."""
+        await self._forget({b for b, s in self.batches.items() if s.model == model})
+        state = self.models.pop(model)
+        self._model(model).held_at = state.held_at
+        self._refresh_now = True
+
+    async def _meter(self, model: str, now: float) -> None:
+        state = self._model(model)
+        if now - state.metered_at < self.settings.meter_seconds:
+            return
+        state.metered_at = now
+        await self._ensure_topic(model)
+        if not state.partitions:
+            state.partitions = len(await self.producer.partitions_for(state.topic) or ()) or 1
+        group = self.settings.group_prefix + model_slug(model)
+        try:
+            committed, members = await self.probe.read(group, state.topic, state.partitions)
+        except Exception as exc:
+            log.warning("reading the group's offsets failed: %s", exc, extra={"model": model})
+            return
+        waiting = any(
+            b.model == model and b.remaining > 0 and b.dispatchable(now) for b in self.batches.values()
+        )
+        state.backlog.observe(committed, members, now, waiting)
+        state.book.committed(committed, now)
+        metrics.TOPIC_BACKLOG.labels(model).set(state.backlog.lag)
+        metrics.TARGET_BACKLOG.labels(model).set(state.backlog.target)
+
+    async def _ensure_topic(self, model: str) -> None:
+        if model not in self._ensured:
+            await ensure_topics(self.kafka, [model])
+            self._ensured.add(model)
+
+    # -------------------------------------------------------------- dispatch
+
+    async def _dispatch(self, model: str, now: float) -> int:
+        state = self._model(model)
+        queue = [s.queued() for s in self.batches.values() if s.model == model and s.status == "in_progress"]
+        # A batch not started yet gets its first lines whatever the backlog (policy.py).
+        starting = sum(min(b.remaining, self.settings.start_lines) for b in queue if not b.started)
+        allowance = state.backlog.allowance(state.book.in_topic())
+        budget = min(self.settings.round_lines, max(allowance, starting))
+        if budget <= 0 or not queue:
+            return 0
+        log.debug(
+            "dispatch round",
+            extra={
+                "model": model,
+                "budget": budget,
+                "lag": state.backlog.lag,
+                "target": state.backlog.target,
+                "rate": round(state.backlog.rate),
+                "queued": len(queue),
+            },
+        )
+        pending: list[Sending] = []
+        read: list[QueuedState] = []
+        try:
+            for grant in self.policy.plan(queue, budget, now):
+                batch = self.batches[grant.batch_id]
+                if batch.cursor is None:
+                    batch.cursor = InputCursor(
+                        self.store, batch.object_key, batch.position.line, batch.position.byte
+                    )
+                read.append(batch)
+                for line in await batch.cursor.take(grant.lines):
+                    future = await self.sender.request(state.topic, batch, line)
+                    pending.append(Sending(batch, line, future))
+            metas = await asyncio.gather(*(p.future for p in pending))
+        except Exception:
+            for batch in read:  # read again from the last acknowledged position
+                await batch.close_cursor()
+            raise
+        for item, meta in zip(pending, metas, strict=True):
+            state.record(item, meta.partition, meta.offset)
+            item.batch.position.sent += 1
+        for batch in read:  # every line read is on Kafka: the position moves past them
+            assert batch.cursor is not None
+            batch.position.line, batch.position.byte = batch.cursor.line, batch.cursor.byte
+            # Done at the end of the file, or once every request line went (trailing blanks).
+            batch.position.done = batch.cursor.exhausted or batch.position.sent >= batch.total
+            batch.started = batch.dirty = True
+        metrics.DISPATCHED.labels(model).inc(len(pending))
+        return len(pending)
+
+    # ------------------------------------------------------------- positions
+
+    async def _save_positions(self, now: float, force: bool = False) -> None:
+        for batch in list(self.batches.values()):
+            if not batch.dirty:
+                continue
+            if (
+                not force
+                and not batch.position.done
+                and now - batch.saved_at < self.settings.position_flush_s
+            ):
+                continue
+            await self.positions.save(batch.batch_id, batch.position)
+            batch.dirty, batch.saved_at = False, now
+            if batch.position.done and not batch.emitted:
+                await self.batch_store.mark_emitted(batch.batch_id)
+                batch.emitted = True
+                await batch.close_cursor()
+
+    def _publish_metrics(self) -> None:
+        queued: dict[tuple[str, str], int] = {}
+        for batch in self.batches.values():
+            if batch.status == "in_progress" and self._model(batch.model).held_at is not None:
+                key = (batch.model, batch.project)
+                queued[key] = queued.get(key, 0) + batch.remaining
+        metrics.QUEUED_LINES.clear()
+        for (model, project), lines in queued.items():
+            metrics.QUEUED_LINES.labels(model, project).set(lines)

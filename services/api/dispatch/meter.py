@@ -1,0 +1,143 @@
+"""How many more lines a model's requests topic may take: its backlog against a target.
+
+The backlog is measured without ListOffsets LATEST (the stand-in broker answers it wrongly for
+multi-record batches, and it would cost a request per partition): the end of each partition is
+the highest offset our own sends were acknowledged at, plus one, and the consumed side is the
+inference group's committed offset. Lines of direct-Kafka pipelines sent before our last send
+count too; lines sent after it are seen at our next send.
+
+The target keeps every worker's in-flight window full with a little more to spare: one
+``worker_window`` per group member (read from the group, so it adapts as workers join and leave)
+plus what the group commits (its measured rate) in ``backlog_seconds`` and in ``commit_lag_s`` (a
+line stays in the measured backlog until its worker commits, up to 0.5 s after it ran); never
+below ``min_backlog`` nor above ``max_backlog``. When the group has committed everything while
+lines wait, the workers may have run dry: the target doubles (a slow start, so a fast engine is
+not held to the rate measured while it warmed up), and relaxes back otherwise.
+The pure part is :class:`Backlog`; :class:`GroupProbe` reads the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 2.0  # the committed offsets move in steps (workers commit every 0.5 s): smooth
+
+
+@dataclass
+class Backlog:
+    """One model's topic: ends seen from our sends, the group's commits, the drain rate."""
+
+    worker_window: int
+    backlog_seconds: float
+    min_backlog: int
+    direct_weight: float = 1.0
+    commit_lag_s: float = 0.7
+    max_backlog: int = 20_000
+    ends: dict[int, int] = field(default_factory=dict)
+    committed: dict[int, int] = field(default_factory=dict)
+    members: int = 1
+    rate: float = 0.0  # lines the group commits per second, over the last RATE_WINDOW_S
+    _history: deque[tuple[float, int]] = field(default_factory=deque)
+    _target: float = 0.0
+
+    def produced(self, partition: int, offset: int) -> None:
+        """A send acknowledged at ``offset`` (acks come in offset order per partition; taking the
+        latest rather than the highest follows a broker that lost its data and starts again)."""
+        self.ends[partition] = offset + 1
+
+    def observe(self, committed: dict[int, int], members: int, now: float, waiting: bool = True) -> None:
+        """A probe's answer: committed offsets per partition and the group's member count.
+
+        ``waiting``: lines are queued for the topic. If the group had committed everything (the
+        workers ran dry between two commits) the target doubles (slow start); otherwise it
+        relaxes towards what the rate needs.
+        """
+        self.committed.update(committed)
+        self.members = max(1, members)
+        total = sum(self.committed.values())
+        self._history.append((now, total))
+        while len(self._history) > 2 and self._history[0][0] < now - RATE_WINDOW_S:
+            self._history.popleft()
+        (first_at, first), (last_at, last) = self._history[0], self._history[-1]
+        self.rate = max(0, last - first) / (last_at - first_at) if last_at > first_at else 0.0
+        needed = self._needed
+        if waiting and self.lag == 0:  # at most 4x what the rate asks: a ramp, not a flood
+            grown = min(max(2 * self._target, self.min_backlog), 4 * needed)
+            self._target = min(self.max_backlog, max(needed, grown))
+        else:
+            self._target = max(needed, 0.8 * self._target)
+
+    @property
+    def _needed(self) -> float:
+        """Every worker's window, plus the rate over the commit delay and ``backlog_seconds``."""
+        return self.members * self.worker_window + self.rate * (self.backlog_seconds + self.commit_lag_s)
+
+    @property
+    def lag(self) -> int:
+        return sum(max(0, end - self.committed.get(p, 0)) for p, end in self.ends.items())
+
+    @property
+    def target(self) -> int:
+        wanted = min(self.max_backlog, max(self._target, self._needed))
+        return max(self.min_backlog, math.ceil(wanted))
+
+    def allowance(self, ours_in_topic: int) -> int:
+        """Lines we may send now.
+
+        Up to the target; and while direct-Kafka lines wait in the topic, our own lines may stay
+        at ``direct / direct_weight`` of them (capped at the target), so batch lines keep their
+        weighted place in the stream rather than starving behind a pipeline's burst.
+        """
+        lag = self.lag
+        direct = max(0, lag - ours_in_topic)
+        fill = self.target - lag
+        share = min(self.target, math.ceil(direct / self.direct_weight)) - ours_in_topic
+        return max(0, fill, share)
+
+
+class GroupProbe:
+    """Reads a consumer group's committed offsets and member count with one admin client."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+        self._started = False
+        self._describe_works = True
+
+    async def read(self, group: str, topic: str, partitions: int) -> tuple[dict[int, int], int]:
+        """Committed offsets of ``topic``'s partitions (named: Tansu misreads "all") and members."""
+        if not self._started:
+            await self._admin.start()
+            self._started = True
+        wanted = [TopicPartition(topic, p) for p in range(partitions)]
+        offsets = await self._admin.list_consumer_group_offsets(group, partitions=wanted)
+        committed = {
+            tp.partition: meta.offset
+            for tp, meta in offsets.items()
+            if tp.topic == topic and meta.offset >= 0
+        }
+        return committed, await self._members(group)
+
+    async def _members(self, group: str) -> int:
+        if not self._describe_works:
+            return 1
+        try:
+            responses = await self._admin.describe_consumer_groups([group])
+            # raw DescribeGroups responses: groups are (error, id, state, type, protocol, members)
+            members = [m for r in responses for g in r.groups for m in g[5]]
+            return max(1, len(members))
+        except Exception as exc:  # a broker without DescribeGroups: assume one worker
+            log.info("cannot describe the consumer group: %s", exc, extra={"group": group})
+            self._describe_works = False
+            return 1
+
+    async def close(self) -> None:
+        if self._started:
+            await self._admin.close()

@@ -1,0 +1,138 @@
+"""Which batch's lines go next: a pure planner, fed the queue and a budget, with no I/O.
+
+The order, as the issue asks:
+1. ``priority`` (higher first; strict);
+2. the earliest deadline (``expires_at``): batches whose deadlines lie within
+   ``deadline_resolution_s`` of the earliest one form a tier, served before later tiers (every batch
+   has a 24 h window, so exact deadlines would only replay creation order: a tier is "about as
+   urgent");
+3. weighted fair share between the projects of a tier: each project has a virtual time that grows
+   by ``lines / weight`` as it is served, the project with the lowest goes next, ``quantum_lines``
+   at a time; a project that was idle starts at the lowest virtual time of the others, so idling
+   banks no credit;
+4. round robin between the batches of one project.
+
+Before that order, a batch that has not started yet gets up to ``start_lines`` lines in its first
+round, so a small batch starts (and, at 10 lines, is wholly sent) within one round whatever is
+queued. Batches past their deadline get nothing: their lines become ``batch_expired`` at finalize.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class QueuedBatch:
+    batch_id: str
+    project: str
+    remaining: int  # request lines not dispatched yet
+    priority: int = 0
+    expires_at: float = float("inf")
+    started: bool = False  # any line dispatched already
+    order: int = 0  # creation order (sort_key): ties and round-robin order
+
+
+@dataclass(frozen=True)
+class Grant:
+    batch_id: str
+    lines: int
+
+
+@dataclass
+class FairSharePolicy:
+    weights: dict[str, float] = field(default_factory=dict)
+    default_weight: float = 1.0
+    quantum: int = 16
+    start_lines: int = 32
+    deadline_resolution_s: float = 600.0
+    _virtual: dict[str, float] = field(default_factory=dict)
+    _last_served: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def weight(self, project: str) -> float:
+        return self.weights.get(project, self.default_weight)
+
+    def plan(self, queued: Sequence[QueuedBatch], budget: int, now: float) -> list[Grant]:
+        """Split ``budget`` lines between the queued batches, in the order they should be sent."""
+        live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
+        granted: dict[str, int] = {}
+        left = budget
+        for batch in sorted(live, key=_urgency):
+            if left <= 0:
+                break
+            if not batch.started:
+                lines = min(batch.remaining, self.start_lines, left)
+                granted[batch.batch_id] = lines
+                self._charge(batch, lines)
+                left -= lines
+        for tier in _tiers(live, self.deadline_resolution_s):
+            if left <= 0:
+                break
+            left = self._share(tier, granted, left)
+        return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
+
+    def _share(self, tier: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
+        by_project: dict[str, list[QueuedBatch]] = {}
+        for batch in sorted(tier, key=lambda b: (b.order, b.batch_id)):
+            by_project.setdefault(batch.project, []).append(batch)
+        floor = min((self._virtual[p] for p in by_project if p in self._virtual), default=0.0)
+        for project in by_project:
+            self._virtual[project] = max(self._virtual.get(project, floor), floor)
+        while left > 0:
+            open_projects = [
+                p for p, batches in by_project.items() if any(_room(b, granted) for b in batches)
+            ]
+            if not open_projects:
+                break
+            project = min(open_projects, key=lambda p: (self._virtual[p], p))
+            batch = self._next_batch(project, [b for b in by_project[project] if _room(b, granted)])
+            lines = min(self.quantum, left, _room(batch, granted))
+            granted[batch.batch_id] = granted.get(batch.batch_id, 0) + lines
+            self._charge(batch, lines)
+            left -= lines
+        return left
+
+    def _next_batch(self, project: str, batches: list[QueuedBatch]) -> QueuedBatch:
+        """Round robin: the batch after the one this project served last, in creation order."""
+        last = self._last_served.get(project)
+        if last is not None:
+            for batch in batches:  # sorted by (order, batch_id)
+                if (batch.order, batch.batch_id) > last:
+                    return batch
+        return batches[0]
+
+    def _charge(self, batch: QueuedBatch, lines: int) -> None:
+        weight = self.weight(batch.project)
+        self._virtual[batch.project] = self._virtual.get(batch.project, 0.0) + lines / weight
+        self._last_served[batch.project] = (batch.order, batch.batch_id)
+
+    def forget(self, projects_seen: set[str]) -> None:
+        """Drop state of projects no longer queued (bounded memory)."""
+        for name in [p for p in self._virtual if p not in projects_seen]:
+            self._virtual.pop(name, None)
+            self._last_served.pop(name, None)
+
+
+def _urgency(batch: QueuedBatch) -> tuple[int, float, int, str]:
+    return (-batch.priority, batch.expires_at, batch.order, batch.batch_id)
+
+
+def _room(batch: QueuedBatch, granted: dict[str, int]) -> int:
+    return batch.remaining - granted.get(batch.batch_id, 0)
+
+
+def _tiers(batches: list[QueuedBatch], resolution_s: float) -> list[list[QueuedBatch]]:
+    """Priority levels (highest first), each cut into deadline tiers (earliest first)."""
+    tiers: list[list[QueuedBatch]] = []
+    current: list[QueuedBatch] = []
+    for batch in sorted(batches, key=_urgency):
+        if current and (
+            batch.priority != current[0].priority or batch.expires_at >= current[0].expires_at + resolution_s
+        ):
+            tiers.append(current)
+            current = []
+        current.append(batch)
+    if current:
+        tiers.append(current)
+    return tiers

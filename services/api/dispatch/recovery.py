@@ -1,0 +1,95 @@
+"""Acting on the journey books (``journey.py``): lost lines sent again, cancels settled.
+
+Every ``journey_check_seconds``, for each model this replica dispatches: read the ``seen_lines`` of
+the batches with lines past the group's commit, send again those overdue without a result (a
+bounded number per check, read with merged ranged GETs), publish ``line_lost`` results for lines
+out of attempts, and act on a takeover's doubts. Cancelling batches whose sent lines all came back
+are marked ``dispatch_settled`` so the aggregator ends them without waiting for its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.api.dispatch import metrics
+from services.api.dispatch.reader import InputLine, read_lines, scan
+from services.api.dispatch.sender import LineSender
+from services.api.dispatch.settings import DispatchSettings
+from services.api.dispatch.state import ModelState, QueuedState, Sending
+from shared.seen_lines import SeenLines
+from shared.storage import ObjectStore
+from shared.stores.batches import BatchStore
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    def __init__(
+        self, batches: BatchStore, store: ObjectStore, sender: LineSender, settings: DispatchSettings
+    ) -> None:
+        self.batches, self.store, self.sender, self.settings = batches, store, sender, settings
+
+    async def check(self, model: str, state: ModelState, batches: dict[str, QueuedState], now: float) -> None:
+        await self._settle_cancels(state, [b for b in batches.values() if b.model == model], now)
+        to_check = state.book.batches_to_check()
+        state.book.forget(b for b in to_check if b not in batches)
+        running = [b for b in to_check if b in batches and batches[b].dispatchable(now)]
+        for batch_id, seen in (await self._seen(running)).items():
+            await self._settle(model, state, batches[batch_id], seen, now)
+
+    async def _seen(self, batch_ids: list[str]) -> dict[str, SeenLines]:
+        if not batch_ids:
+            return {}
+        return await self.batches.seen_lines(batch_ids)
+
+    async def _settle_cancels(self, state: ModelState, batches: list[QueuedState], now: float) -> None:
+        """Cancelling batches whose sent lines all came back may end now (``dispatch_settled``);
+        the lines never sent get ``batch_cancelled`` error lines at finalize."""
+        cancelling = {b.batch_id: b for b in batches if b.status == "cancelling" and not b.settled}
+        for batch_id, seen in (await self._seen(list(cancelling))).items():
+            if state.book.cancel_settled(batch_id, seen, now):
+                await self.batches.settle_dispatch(batch_id)
+                cancelling[batch_id].settled = True
+                await cancelling[batch_id].close_cursor()
+
+    async def _settle(
+        self, model: str, state: ModelState, batch: QueuedState, seen: SeenLines, now: float
+    ) -> None:
+        again, lost = state.book.settle(batch.batch_id, seen, now)
+        again = again[: self.settings.round_lines]  # bounded work per check; the rest stay due
+        resend: list[Sending] = []
+        raws = await read_lines(self.store, batch.object_key, [(x.start, x.length) for x in again])
+        for line, raw in zip(again, raws, strict=True):
+            item = InputLine(line.line, line.start, raw)
+            future = await self.sender.request(state.topic, batch, item)
+            resend.append(Sending(batch, item, future, line.attempt + 1))
+        doubt = state.book.due_doubt(batch.batch_id, now)
+        if doubt is not None and seen.count_below(doubt.upto_line) < doubt.sent:
+            # Some line an earlier dispatcher sent has no result: find which (reads the file).
+            async for item in scan(self.store, batch.object_key, doubt.upto_byte):
+                if (
+                    item.number < doubt.upto_line
+                    and item.number not in seen
+                    and not state.book.tracked(batch.batch_id, item.number)
+                ):
+                    future = await self.sender.request(state.topic, batch, item)
+                    resend.append(Sending(batch, item, future, 2))
+        metas = await asyncio.gather(*(s.future for s in resend))
+        for sending, meta in zip(resend, metas, strict=True):
+            state.record(sending, meta.partition, meta.offset)
+        if resend:
+            metrics.RESENT.labels(model).inc(len(resend))
+            log.warning(
+                "sent lines again: consumed but never answered",
+                extra={"batch_id": batch.batch_id, "lines": [s.line.number for s in resend][:20]},
+            )
+        if lost:
+            raws = await read_lines(self.store, batch.object_key, [(x.start, x.length) for x in lost])
+            await self.sender.lost(batch.batch_id, lost, raws)
+            metrics.LOST.labels(model).inc(len(lost))
+            log.error(
+                "gave up on lines: sent %d times, never answered",
+                self.settings.max_attempts,
+                extra={"batch_id": batch.batch_id, "lines": [x.line for x in lost][:20]},
+            )

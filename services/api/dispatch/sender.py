@@ -1,0 +1,61 @@
+"""The messages the dispatcher publishes: a line's ``RequestMessage``, a lost line's error result."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from services.api.dispatch.journey import LOST_CODE, SentLine
+from services.api.dispatch.reader import InputLine
+from services.api.dispatch.state import QueuedState
+from shared import ids
+from shared.kafka import encode
+from shared.protocol.batch_input import BatchRequestInput
+from shared.protocol.messages import LineError, RequestMessage, ResultMessage
+from shared.settings import KafkaSettings
+from shared.topics import results_topic
+
+LOST_MESSAGE = "This request was sent {n} times and no result ever reached the batch."
+
+
+class LineSender:
+    def __init__(self, producer: AIOKafkaProducer, kafka: KafkaSettings) -> None:
+        self.producer = producer
+        self.results_topic = results_topic(kafka)
+
+    async def request(self, topic: str, batch: QueuedState, line: InputLine) -> asyncio.Future[Any]:
+        """Hand the line's request to the producer; await the future for its acknowledgement."""
+        item = BatchRequestInput.parse(line.raw)
+        message = RequestMessage(
+            request_id=ids.batch_request_id(),
+            custom_id=item.custom_id,
+            url=item.url,
+            body=item.body,
+            batch_id=batch.batch_id,
+            line=line.number,
+            defaults=batch.defaults,
+            expires_at=batch.expires_at,
+        )
+        return await self.producer.send(topic, encode(message))
+
+    async def lost(self, batch_id: str, lines: list[SentLine], raws: list[bytes]) -> None:
+        """Publish each line's ``line_lost`` error result: the aggregator counts it like any."""
+        futures = []
+        for line, raw in zip(lines, raws, strict=True):
+            try:
+                custom_id = str(orjson.loads(raw).get("custom_id"))
+            except (orjson.JSONDecodeError, AttributeError):
+                custom_id = ""
+            result = ResultMessage(
+                request_id=ids.batch_request_id(),
+                custom_id=custom_id,
+                batch_id=batch_id,
+                line=line.line,
+                error=LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt)),
+            )
+            key = batch_id.encode()
+            futures.append(await self.producer.send(self.results_topic, encode(result), key=key))
+        await asyncio.gather(*futures)

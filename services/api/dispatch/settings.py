@@ -1,0 +1,88 @@
+"""The dispatcher's settings (``BATCHSTREAM_DISPATCH_*``); only the api reads them."""
+
+from __future__ import annotations
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DispatchSettings(BaseSettings):
+    """The api's dispatcher: how lines go from object storage to the models' topics."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BATCHSTREAM_DISPATCH_", frozen=True, extra="ignore", use_attribute_docstrings=True
+    )
+
+    round_lines: int = 512
+    """Most lines one dispatch round sends per model."""
+    round_seconds: float = 0.05
+    """Seconds between dispatch rounds (sooner when a batch becomes dispatchable here)."""
+    refresh_seconds: float = 0.25
+    """How often the queued batches are read from MongoDB (status, cancellation, new batches)."""
+    start_lines: int = 32
+    """Lines a batch that has not started yet gets ahead of the order in its first round."""
+    quantum_lines: int = 16
+    """Lines one project takes per fair-share turn."""
+    deadline_resolution_s: float = 600.0
+    """Batches whose deadlines (``expires_at``) lie within this many seconds of the earliest share a
+    tier (then fair share decides)."""
+    project_weights: str = ""
+    """``project=weight,...`` for the fair share between projects."""
+    default_project_weight: float = 1.0
+    """Weight of a project not named in ``project_weights``."""
+    direct_weight: float = 1.0
+    """Weight of direct-Kafka requests (pipelines) against batch lines (weight 1) in the topic."""
+    worker_window: int = 128
+    """In-flight lines counted per consumer-group member in the topic backlog target."""
+    backlog_seconds: float = 0.5
+    """The backlog target also holds what the group finishes in this many seconds."""
+    min_backlog: int = 64
+    """Smallest topic backlog target, in lines."""
+    max_backlog: int = 20_000
+    """Largest topic backlog target, in lines."""
+    commit_lag_s: float = 0.7
+    """How long a finished line stays in the measured backlog (the workers commit every 0.5 s)."""
+    group_prefix: str = "batchstream-inference-"
+    """The inference consumer group of a model: this prefix plus the model's topic slug."""
+    meter_seconds: float = 0.2
+    """How often the consumer group's committed offsets are read."""
+    lease_ttl_s: float = 5.0
+    """One active dispatcher per model: a lease in MongoDB that lapses this long after its last
+    renewal (the takeover time after a crash)."""
+    lease_renew_s: float = 1.0
+    """How often the lease holder renews it."""
+    position_flush_s: float = 1.0
+    """A batch's read position reaches MongoDB at most this often (and when it is done)."""
+    grace_s: float = 15.0
+    """A line consumed and committed past with no result this long (and its batch's count standing
+    still as long) is sent again."""
+    max_attempts: int = 3
+    """Sends of one line in all; then it gets a ``line_lost`` error line."""
+    takeover_grace_s: float = 30.0
+    """After a takeover, lines an earlier dispatcher sent that still lack a result after this are
+    sent again (their offsets died with it)."""
+    journey_check_seconds: float = 1.0
+    """How often sent lines are checked for results."""
+
+    @field_validator("project_weights")
+    @classmethod
+    def _weights_parse(cls, value: str) -> str:
+        parse_weights(value)
+        return value
+
+    def weights(self) -> dict[str, float]:
+        return parse_weights(self.project_weights)
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"a=2,b=0.5"`` -> ``{"a": 2.0, "b": 0.5}``; a weight must be positive."""
+    weights: dict[str, float] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, sep, raw = item.partition("=")
+        weight = float(raw) if sep else 0.0
+        if not name.strip() or weight <= 0:
+            raise ValueError(f"bad project weight {item!r}: write project=positive number")
+        weights[name.strip()] = weight
+    return weights

@@ -1,0 +1,447 @@
+"""The api's dispatcher on the local stack: head of line, kills, lost results, replicas, cancel.
+
+A module-scoped stack of its own on the session's stand-in servers: api (short dispatch grace
+periods and lease), aggregator (fast flushes, short cancel timeout) and one inference worker on the
+instant fake engine. Lines of the ``ghost`` model (known to validation, served by no worker) stay
+where the dispatcher puts them, so a test can count what was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer
+from openai import AsyncOpenAI
+from openai.types import Batch
+from pymongo import MongoClient
+
+from deploy.local.stack import ModelSpec, Stack, free_ports
+from shared.topics import requests_topic
+from tests.integration.conftest import OwnStack
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+FAKE_MODEL = "fake-dispatch"
+GHOST_MODEL = "ghost-dispatch"
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+FAKE = ModelSpec("", FAKE_MODEL, engine="fake")
+GROUP = f"batchstream-inference-{FAKE_MODEL}"
+
+
+@pytest.fixture(scope="module")
+def dispatch_stack(own_stack: OwnStack) -> Iterator[Stack]:
+    with own_stack(
+        "disp",
+        ["api", "aggregator", FAKE.component],
+        models=[FAKE],
+        extra_env={
+            "BATCHSTREAM_DISPATCH_GRACE_S": "2",
+            "BATCHSTREAM_DISPATCH_TAKEOVER_GRACE_S": "4",
+            "BATCHSTREAM_DISPATCH_JOURNEY_CHECK_SECONDS": "0.5",
+            "BATCHSTREAM_DISPATCH_LEASE_TTL_S": "3",
+            "BATCHSTREAM_DISPATCH_LEASE_RENEW_S": "0.5",
+            "BATCHSTREAM_DISPATCH_POSITION_FLUSH_S": "0.2",
+            "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
+            "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
+            "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
+            "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
+            "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "300",  # the dispatcher settles cancels
+            "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
+            "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
+            "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
+            "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
+            "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",  # Tansu table recovery
+            "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
+        },
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def db(dispatch_stack: Stack) -> Iterator[Any]:
+    env = dispatch_stack.env()
+    client: MongoClient[dict[str, Any]] = MongoClient(env["BATCHSTREAM_MONGO_URI"])
+    database = client[env["BATCHSTREAM_MONGO_DATABASE"]]
+    database.models.update_one(
+        {"_id": GHOST_MODEL},
+        {"$set": {"created": 1, "max_context_length": 2048, "endpoints": ["/v1/chat/completions"]}},
+        upsert=True,
+    )
+    yield database
+    client.close()
+
+
+@pytest.fixture
+async def client(dispatch_stack: Stack) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(
+        base_url=dispatch_stack.base_url, api_key=dispatch_stack.api_key, max_retries=8
+    ) as c:
+        yield c
+
+
+# --- helpers
+
+
+def chat_line(custom_id: str, model: str) -> str:
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}]},
+        }
+    )
+
+
+async def create_batch(
+    client: AsyncOpenAI, model: str, count: int, prefix: str = "req", priority: int = 0
+) -> Batch:
+    data = "\n".join(chat_line(f"{prefix}-{n}", model) for n in range(1, count + 1)).encode()
+    upload = await client.files.create(file=("in.jsonl", data), purpose="batch")
+    return await client.batches.create(
+        input_file_id=upload.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"priority": priority},
+    )
+
+
+async def wait_terminal(client: AsyncOpenAI, batch_id: str, timeout_s: float = 120) -> Batch:
+    async def probe() -> Batch | None:
+        batch = await client.batches.retrieve(batch_id)
+        return batch if batch.status in TERMINAL else None
+
+    return await eventually(probe, timeout_s, f"{batch_id} terminal", interval_s=0.1)
+
+
+async def output_ids(client: AsyncOpenAI, batch: Batch) -> list[str]:
+    ids: list[str] = []
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id:
+            text = (await client.files.content(file_id)).text
+            ids += [json.loads(line)["custom_id"] for line in text.splitlines() if line]
+    return ids
+
+
+async def sent_lines(db: Any, batch_id: str) -> int:
+    doc = await asyncio.to_thread(db.dispatch_positions.find_one, {"_id": batch_id})
+    return int((doc or {}).get("sent", 0))
+
+
+def every_line_once(ids: list[str], count: int, prefix: str = "req") -> bool:
+    return sorted(ids) == sorted(f"{prefix}-{n}" for n in range(1, count + 1))
+
+
+def create_key(stack: Stack, project: str) -> str:
+    """An API key of another project, made the way an operator makes one."""
+    out = subprocess.run(
+        [sys.executable, "-m", "services.api.keys", "create", "--project", project],
+        env={**os.environ, **stack.env()},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def start_api(stack: Stack) -> tuple[subprocess.Popen[bytes], str]:
+    """Another api replica on the same stack (its own port)."""
+    port = free_ports().api
+    env = {**os.environ, **stack.env(), "BATCHSTREAM_API_PORT": str(port)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "services.api.app:create_app", "--factory", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def leader_metric(base: str, model: str) -> float:
+    try:
+        text = httpx.get(f"{base}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return -1.0
+    for line in text.splitlines():
+        if line.startswith(f'batchstream_dispatch_leader{{model="{model}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def count_requests(stack: Stack, model: str, batch_id: str) -> int:
+    """Request messages of ``batch_id`` in the model's topic (read from the start, no group)."""
+    consumer = AIOKafkaConsumer(
+        requests_topic(stack.kafka_settings(), model),
+        bootstrap_servers=stack.kafka_settings().bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    count = 0
+    try:
+        while batch := await consumer.getmany(timeout_ms=1500):
+            for records in batch.values():
+                count += sum(json.loads(r.value or b"{}").get("batch_id") == batch_id for r in records)
+    finally:
+        await consumer.stop()
+    return count
+
+
+# --- tests
+
+
+async def test_a_small_batch_created_behind_a_big_one_completes_first(client: AsyncOpenAI, db: Any) -> None:
+    big = await create_batch(client, FAKE_MODEL, 15_000, prefix="big")
+    await eventually(lambda: sent_lines(db, big.id), 60, "the big batch dispatching")
+    metrics = await _metrics(client)
+    queued = f'batchstream_dispatch_queued_lines{{model="{FAKE_MODEL}",project="default"}}'
+    assert any(line.startswith(queued) and float(line.split()[-1]) > 0 for line in metrics), metrics
+    for name in ("batchstream_dispatch_lines_total", "batchstream_dispatch_topic_backlog"):
+        assert any(line.startswith(f'{name}{{model="{FAKE_MODEL}"}}') for line in metrics), name
+    started = time.monotonic()
+    small = await create_batch(client, FAKE_MODEL, 10, prefix="small")
+    small_done = await wait_terminal(client, small.id, 60)
+    small_s = time.monotonic() - started
+    big_then = await client.batches.retrieve(big.id)
+
+    assert small_done.status == "completed"
+    assert big_then.status not in TERMINAL, f"the big batch ended first ({small_s:.1f}s)"
+    assert big_then.request_counts is not None and big_then.request_counts.completed < 15_000
+    print(f"\nsmall batch behind a 15,000-line batch: {small_s:.2f}s")
+    big_done = await wait_terminal(client, big.id, 300)
+    assert big_done.status == "completed"
+    assert every_line_once(await output_ids(client, big_done), 15_000, prefix="big")
+
+
+async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    total = 15_000
+    batch = await create_batch(client, FAKE_MODEL, total)
+    await eventually(lambda: _at_least(sent_lines(db, batch.id), 2000), 120, "2,000 lines dispatched")
+    pid = dispatch_stack.pid("api")
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    killed_at = await sent_lines(db, batch.id)
+    assert killed_at < total, "the batch was wholly dispatched before the kill"
+    await asyncio.to_thread(dispatch_stack.start, ["api"])
+
+    done = await wait_terminal(client, batch.id, 300)
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
+    assert every_line_once(await output_ids(client, done), total)
+    # It resumed from the persisted position rather than from the start of the file (lines the
+    # restarted dispatcher sent again on purpose, as lost, are counted apart).
+    resent = _metric(
+        await _metrics(client), f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}'
+    )
+    assert await count_requests(dispatch_stack, FAKE_MODEL, batch.id) - resent < total + killed_at
+
+
+async def test_results_dropped_between_worker_and_aggregator_are_sent_again(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    """A member of the workers' group consumes requests and commits past them with no result."""
+    dispatch_stack.stop_one(FAKE.component)
+    black_hole = AIOKafkaConsumer(
+        requests_topic(dispatch_stack.kafka_settings(), FAKE_MODEL),
+        bootstrap_servers=dispatch_stack.kafka_settings().bootstrap_servers,
+        group_id=GROUP,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await black_hole.start()
+    total, dropped = 40, 0
+    try:
+        batch = await create_batch(client, FAKE_MODEL, total, prefix="drop")
+        deadline = time.monotonic() + 60
+        while dropped < total and time.monotonic() < deadline:
+            got = await black_hole.getmany(timeout_ms=500)
+            dropped += sum(
+                json.loads(r.value or b"{}").get("batch_id") == batch.id for rs in got.values() for r in rs
+            )
+            await black_hole.commit()
+    finally:
+        await black_hole.stop()
+    assert dropped >= total, "the black hole did not swallow the batch"
+    await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
+
+    done = await wait_terminal(client, batch.id, 120)
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
+    assert every_line_once(await output_ids(client, done), total, prefix="drop")
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{dispatch_stack.base_url.removesuffix('/v1')}/metrics")).text
+    assert f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}' in metrics
+
+
+async def test_two_api_replicas_dispatch_through_one_and_hand_over(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    total = 15_000
+    proc, other = start_api(dispatch_stack)
+    main = dispatch_stack.base_url.removesuffix("/v1")
+    try:
+        await eventually(lambda: asyncio.to_thread(_health, other), 60, "the second api")
+        batch = await create_batch(client, FAKE_MODEL, total, prefix="rep")
+        await eventually(lambda: _at_least(sent_lines(db, batch.id), 1000), 120, "dispatching")
+        leaders = [leader_metric(b, FAKE_MODEL) for b in (main, other)]
+        assert sorted(leaders) == [0.0, 1.0], leaders
+        lease = db.dispatch_leases.find_one({"_id": FAKE_MODEL})
+        assert lease is not None and lease["expires_at"] > time.time()
+        # Kill the replica dispatching; the other takes over once the lease lapses.
+        if leaders[1] == 1.0:
+            os.killpg(proc.pid, signal.SIGKILL)
+            survivor = main
+        else:
+            pid = dispatch_stack.pid("api")
+            assert pid is not None
+            os.killpg(pid, signal.SIGKILL)
+            survivor = other
+        await eventually(
+            lambda: asyncio.to_thread(lambda: leader_metric(survivor, FAKE_MODEL) == 1.0),
+            30,
+            "the takeover",
+        )
+        survivor_client = AsyncOpenAI(
+            base_url=f"{survivor}/v1", api_key=dispatch_stack.api_key, max_retries=8
+        )
+        done = await wait_terminal(survivor_client, batch.id, 300)
+        assert done.status == "completed"
+        assert every_line_once(await output_ids(survivor_client, done), total, prefix="rep")
+        await survivor_client.close()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+        await asyncio.to_thread(dispatch_stack.start, ["api"])
+
+
+async def test_a_cancel_sends_no_further_lines(dispatch_stack: Stack, client: AsyncOpenAI, db: Any) -> None:
+    total = 15_000
+    batch = await create_batch(client, FAKE_MODEL, total, prefix="cancel")
+    await eventually(lambda: _at_least(sent_lines(db, batch.id), 1000), 120, "lines dispatched")
+    await client.batches.cancel(batch.id)
+    at_cancel = await count_requests(dispatch_stack, FAKE_MODEL, batch.id)
+
+    done = await wait_terminal(client, batch.id, 60)
+    assert done.status == "cancelled"
+    final = await count_requests(dispatch_stack, FAKE_MODEL, batch.id)
+    # At most the round under way when the cancel was read; the rest never left object storage.
+    assert final - at_cancel <= 512 and final < total
+    assert done.request_counts is not None
+    assert done.request_counts.completed <= final
+    assert done.request_counts.completed + done.request_counts.failed == total
+    assert done.error_file_id
+    lines = (await client.files.content(done.error_file_id)).text.splitlines()
+    codes = [json.loads(line)["error"]["code"] for line in lines]
+    assert codes.count("batch_cancelled") >= total - final
+
+
+async def test_projects_share_and_a_higher_priority_goes_first(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    """The test is the workers' group (it consumes, commits, answers nothing) and reads the order."""
+    key = await asyncio.to_thread(create_key, dispatch_stack, "other-team")
+    other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
+    dispatch_stack.stop_one(FAKE.component)
+    consumer = AIOKafkaConsumer(
+        requests_topic(dispatch_stack.kafka_settings(), FAKE_MODEL),
+        bootstrap_servers=dispatch_stack.kafka_settings().bootstrap_servers,
+        group_id=GROUP,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=50,
+    )
+    await consumer.start()
+    sent_at: dict[tuple[str, int], int] = {}  # (batch, line) -> its first send (record timestamp)
+    try:
+        mine = await create_batch(client, FAKE_MODEL, 3000, prefix="mine")
+        theirs = await create_batch(other, FAKE_MODEL, 3000, prefix="theirs")
+        urgent: Batch | None = None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            got = await consumer.getmany(timeout_ms=200, max_records=50)
+            for records in got.values():
+                for record in records:
+                    message = json.loads(record.value or b"{}")
+                    line_key = (message.get("batch_id"), message.get("line"))
+                    sent_at[line_key] = min(record.timestamp, sent_at.get(line_key, record.timestamp))
+            await consumer.commit()
+            ours = [b for b, _ in sent_at if b in (mine.id, theirs.id)]
+            if urgent is None and len(ours) >= 1200:
+                urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
+            if urgent is not None and sum(b == urgent.id for b, _ in sent_at) >= 600:
+                break
+    finally:
+        await consumer.stop()
+        await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
+    assert urgent is not None
+    # The dispatch order: each line's first send (a line sent again counts once), ties by line.
+    order = sorted(sent_at, key=lambda k: (sent_at[k], k[1]))
+    first_urgent = next(i for i, (b, _) in enumerate(order) if b == urgent.id)
+    # Fair share: the two projects' batches side by side before the urgent one came.
+    before = [b for b, _ in order[:first_urgent] if b in (mine.id, theirs.id)]
+    settled = before[len(before) // 3 :]  # past the first rounds' start lines
+    share = settled.count(mine.id) / len(settled)
+    assert 0.35 <= share <= 0.65, f"project shares {share:.2f} / {1 - share:.2f}"
+    # Priority: once queued, the urgent batch has every dispatch round until its last line went
+    # (without priority the other project alone would have had half of them).
+    urgent_at = [i for i, (b, _) in enumerate(order) if b == urgent.id]
+    others = [b for b, _ in order[urgent_at[0] : urgent_at[-1]] if b != urgent.id]
+    assert len(others) <= 50, f"{len(others)} other lines were sent while the urgent batch's 600 were"
+    for owner, batch_id in ((client, mine.id), (other, theirs.id), (client, urgent.id)):
+        await owner.batches.cancel(batch_id)
+    await other.close()
+
+
+async def test_priority_is_echoed_and_checked(dispatch_stack: Stack, client: AsyncOpenAI) -> None:
+    upload = await client.files.create(
+        file=("p.jsonl", chat_line("p-1", GHOST_MODEL).encode()), purpose="batch"
+    )
+    body = {"input_file_id": upload.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    headers = {"Authorization": f"Bearer {dispatch_stack.api_key}"}
+    async with httpx.AsyncClient(base_url=dispatch_stack.base_url, headers=headers) as http:
+        created = await http.post("/batches", json={**body, "priority": 7})
+        assert created.status_code == 200 and created.json()["priority"] == 7
+        default = await http.post("/batches", json={**body, "metadata": {"n": "2"}})
+        assert default.json()["priority"] == 0
+        for bad in ("high", 1.5, 1000):
+            wrong = await http.post("/batches", json={**body, "priority": bad})
+            assert wrong.status_code == 400, wrong.text
+            assert wrong.json()["error"]["param"] == "priority"
+        for answer in (created, default):
+            await http.post(f"/batches/{answer.json()['id']}/cancel")
+
+
+async def _metrics(client: AsyncOpenAI) -> list[str]:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(str(client.base_url).removesuffix("/v1/") + "/metrics")).text.splitlines()
+
+
+def _metric(lines: list[str], name: str) -> float:
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
+
+
+async def _at_least(count: Any, minimum: int) -> bool:
+    return bool(await count >= minimum)
+
+
+def _health(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

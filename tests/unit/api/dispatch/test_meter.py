@@ -1,0 +1,63 @@
+"""The backlog target and allowance, from our send offsets and the group's commits (fake clock)."""
+
+from __future__ import annotations
+
+from services.api.dispatch.meter import Backlog
+from tests.unit.aggregator.fake_clock import FakeClock
+
+
+def backlog(**kw: float) -> Backlog:
+    fields = {"worker_window": 100, "backlog_seconds": 0.5, "min_backlog": 50, "commit_lag_s": 0.5}
+    fields.update(kw)
+    return Backlog(**fields)  # type: ignore[arg-type]
+
+
+def test_the_target_follows_members_and_the_measured_rate_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    meter = backlog()
+    meter.observe({0: 0, 1: 0}, members=1, now=clock(), waiting=False)
+    assert meter.target == 100  # one worker's window, no rate yet
+    clock.advance(1.0)
+    meter.observe({0: 500, 1: 500}, members=3, now=clock(), waiting=False)  # 1,000 lines in 1 s
+    assert meter.rate == 1000 and meter.target == 3 * 100 + 1000
+    clock.advance(3.0)
+    meter.observe({0: 500, 1: 500}, members=1, now=clock(), waiting=False)  # a worker left, idle
+    assert meter.rate == 0 and meter.target < 3 * 100 + 1000 and meter.members == 1
+
+
+def test_the_target_doubles_while_the_workers_run_dry_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    meter = backlog(max_backlog=1000)
+    targets = []
+    for step in range(8):  # every line sent is committed by the next look: the topic ran dry
+        meter.produced(0, step * 100)
+        meter.observe({0: step * 100 + 1}, members=1, now=clock(), waiting=True)
+        targets.append(meter.target)
+        clock.advance(0.2)
+    assert targets[0] >= 100 and targets[2] >= 2 * targets[0] and targets[-1] == 1000
+    meter.produced(0, 5000)  # now lines wait in the topic: the target relaxes
+    meter.observe({0: 801}, members=1, now=clock(), waiting=True)
+    assert meter.target < 1000
+
+
+def test_the_allowance_fills_the_topic_up_to_the_target() -> None:
+    meter = backlog()
+    meter.observe({0: 10}, members=1, now=0.0, waiting=False)
+    assert meter.allowance(ours_in_topic=0) == 100
+    for offset in range(10, 70):  # we sent 60 lines the group has not committed
+        meter.produced(0, offset)
+    assert meter.lag == 60
+    assert meter.allowance(ours_in_topic=60) == 40
+    meter.observe({0: 70}, members=1, now=1.0, waiting=False)
+    assert meter.lag == 0 and meter.allowance(ours_in_topic=0) >= 100
+
+
+def test_direct_kafka_lines_neither_starve_nor_are_jumped() -> None:
+    meter = backlog(direct_weight=1.0)
+    meter.observe({0: 0}, members=1, now=0.0, waiting=False)
+    meter.produced(0, 999)  # 1,000 lines in the topic, 10 of them ours: 990 from a pipeline
+    assert meter.allowance(ours_in_topic=10) == 100 - 10  # our share up to the target, not zero
+    heavier_direct = backlog(direct_weight=4.0)
+    heavier_direct.observe({0: 0}, members=1, now=0.0, waiting=False)
+    heavier_direct.produced(0, 399)  # 400 in the topic, none ours
+    assert heavier_direct.allowance(ours_in_topic=0) == 100  # 400 / 4
