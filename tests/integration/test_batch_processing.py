@@ -133,4 +133,4 @@ async def test_a_batch_never_finished_across_restarts_fails_on_the_next_start(
     failed = await ended(batches.batches, stuck.id)
     assert failed.errors is not None and failed.errors.data[0].code == "processing_failed"
     assert "started 3 times" in failed.errors.data[0].message
-    assert emitter.emits == 0
+    assert emitter.failed_announcements == 0

@@ -28,6 +28,7 @@ from pymongo import MongoClient
 from deploy.local.stack import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
 from tests.integration.conftest import OwnStack
+from tests.support.keys import create_key
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -142,18 +143,6 @@ def every_line_once(ids: list[str], count: int, prefix: str = "req") -> bool:
     return sorted(ids) == sorted(f"{prefix}-{n}" for n in range(1, count + 1))
 
 
-def create_key(stack: Stack, project: str) -> str:
-    """An API key of another project, made the way an operator makes one."""
-    out = subprocess.run(
-        [sys.executable, "-m", "services.api.keys", "create", "--project", project],
-        env={**os.environ, **stack.env()},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
-
-
 def start_api(stack: Stack) -> tuple[subprocess.Popen[bytes], str]:
     """Another api replica on the same stack (its own port)."""
     port = free_ports().api
@@ -254,7 +243,7 @@ async def test_results_dropped_between_worker_and_aggregator_are_sent_again(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:
     """A member of the workers' group consumes requests and commits past them with no result."""
-    dispatch_stack.stop_one(FAKE.component)
+    dispatch_stack.stop([FAKE.component])
     black_hole = AIOKafkaConsumer(
         requests_topic(dispatch_stack.kafka_settings(), FAKE_MODEL),
         bootstrap_servers=dispatch_stack.kafka_settings().bootstrap_servers,
@@ -357,7 +346,7 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     """The test is the workers' group (it consumes, commits, answers nothing) and reads the order."""
     key = await asyncio.to_thread(create_key, dispatch_stack, "other-team")
     other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
-    dispatch_stack.stop_one(FAKE.component)
+    dispatch_stack.stop([FAKE.component])
     consumer = AIOKafkaConsumer(
         requests_topic(dispatch_stack.kafka_settings(), FAKE_MODEL),
         bootstrap_servers=dispatch_stack.kafka_settings().bootstrap_servers,

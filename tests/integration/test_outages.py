@@ -203,7 +203,7 @@ def test_while_a_dependency_is_killed_calls_get_503_fast_and_all_resumes_after_i
         wait_until(lambda: outage_stack.pid(component) is None, 15, f"{component} to die")
         probe_while_down(api, ids, dependency, "killed")
     finally:
-        outage_stack.start_one(component)
+        outage_stack.start([component])
     assert_resumed(api, ids, dependency, time.monotonic())
 
 

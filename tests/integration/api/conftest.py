@@ -16,6 +16,7 @@ import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack
+from tests.support.keys import create_key
 from tests.support.waiting import wait_until
 
 UNSERVED_MODEL = "unserved-model"
@@ -43,18 +44,6 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
         base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=60
     ) as c:
         yield c
-
-
-def create_key(stack: Stack, project: str) -> str:
-    """A key made the way an operator makes one: ``batchstream keys create``."""
-    out = subprocess.run(
-        [sys.executable, "-m", "services.client", "keys", "create", "--project", project],
-        env={**os.environ, **stack.env()},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from deploy.local.stack import ModelSpec, Stack
-from tests.integration.api.conftest import create_key
 from tests.integration.api.corpus import (
     BYTE_CAP,
     CHAT,
@@ -31,6 +30,7 @@ from tests.integration.api.corpus import (
 )
 from tests.integration.conftest import OwnStack
 from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.support.keys import create_key
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
