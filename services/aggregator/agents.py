@@ -1,7 +1,7 @@
 """Wiring only: the results agent, the timers, the pages and the worker's own service.
 
 What each piece does lives in its module: the agent's body in ``intake.py``, the timers in
-``timers.py``, the pages in ``pages.py``, the clients and the stall check in ``lifecycle.py``,
+``timers.py``, the pages in ``pages.py``, the clients and the stall check in ``worker.py``,
 and everything read from faust's internals in ``faust_adapter.py``. Importing this module builds
 no client: they are built when the worker starts.
 """
@@ -17,10 +17,10 @@ from services.aggregator import pages, timers
 from services.aggregator.app import app, config, kafka_settings
 from services.aggregator.faust_adapter import ResultsPartitions, noack_chunks, start_with_app
 from services.aggregator.intake import ResultsIntake
-from services.aggregator.lifecycle import AggregatorWorker
 from services.aggregator.offset_gaps import GapRewinder
 from services.aggregator.tables import batch_states
 from services.aggregator.topics import results
+from services.aggregator.worker import AggregatorWorker
 
 results_partitions = ResultsPartitions(app, results.get_topic_name())
 worker = AggregatorWorker(config, batch_states, results_partitions)

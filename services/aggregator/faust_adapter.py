@@ -22,7 +22,7 @@ The workarounds:
    ``@app.timer`` and ``@app.service`` only once the first table recovery is over, so a watchdog
    declared that way is silent while a recovery hangs (seen: 8+ minutes, /health 200).
 
-Only this module, ``app.py``, ``topics.py``, ``tables.py``, ``agents.py`` and ``lifecycle.py``
+Only this module, ``app.py``, ``topics.py``, ``tables.py``, ``agents.py`` and ``worker.py``
 import faust; the processing core never does (``tests/unit/aggregator/test_layering.py``).
 """
 

@@ -1,6 +1,6 @@
 """Clients and the objects the agent, timers and pages share, built once per worker.
 
-Built when the worker starts (``lifecycle.py``), never at import, and closed when it stops.
+Built when the worker starts (``worker.py``), never at import, and closed when it stops.
 """
 
 from __future__ import annotations

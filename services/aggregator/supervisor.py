@@ -1,6 +1,6 @@
 """Running the stall watchdog in every phase, and what a stall does: 503, metric, log, exit 70.
 
-``lifecycle.py`` calls :meth:`StallSupervisor.tick` every ``stall_check_seconds`` from a service
+``worker.py`` calls :meth:`StallSupervisor.tick` every ``stall_check_seconds`` from a service
 that faust starts before table recovery (``faust_adapter.start_with_app``), so the check runs while
 the worker rebalances, recovers its table or processes. Progress is reported by the agent (a
 chunk received, or a retry of one) and, here, by table recovery reading changelog records: a

@@ -2,7 +2,7 @@
 
 It runs in the aggregator, beside finalize (which records most events) but never inside it: a
 finalize only writes an event document, and this loop, started by the worker's own service
-(``lifecycle.py``), claims due events, POSTs each with the Standard Webhooks headers
+(``worker.py``), claims due events, POSTs each with the Standard Webhooks headers
 (``shared/webhook_signing.py``) and records the outcome. Any aggregator may send any event (the
 claim's lease keeps two from sending the same attempt); the api records ``batch.failed`` events
 and this loop sends them too. Delivery is at least once: a crash after the POST and before the

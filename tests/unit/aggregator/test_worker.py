@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 from pymongo.errors import InvalidOperation
 
-from services.aggregator.lifecycle import AggregatorWorker, NotStarted
 from services.aggregator.settings import AggregatorConfig
+from services.aggregator.worker import AggregatorWorker, NotStarted
 from tests.unit.aggregator.test_supervisor import FakeResultsView
 
 
