@@ -51,14 +51,13 @@ from tests.support.waiting import TERMINAL, wait_until
 MODEL = "fake-chaos"
 SERVICES = ("api", "aggregator")
 
-# The stack's settings: the fake-engine stack's, a stable aggregator member id (static group
-# membership: a restarted aggregator takes its partitions back at once), and inference workers
-# that a stall of a few seconds takes out of the group.
-# The aggregator keeps faust's default 60 s session timeout, as ``make up`` does: the restart must
-# not depend on a short one.
+# The fake-engine stack's settings, except the aggregator's member name and session and rebalance
+# timeouts: those are the local stack's (``catalogue.py``: static membership, 10 s), as ``make up``
+# runs it.
 CHAOS_ENV = {
-    **{k: v for k, v in FAKE_STACK_ENV.items() if "SESSION_TIMEOUT" not in k},
-    "BATCHSTREAM_AGGREGATOR_GROUP_INSTANCE_ID": "chaos-aggregator-0",
+    **{
+        k: v for k, v in FAKE_STACK_ENV.items() if "SESSION_TIMEOUT" not in k and "REBALANCE_TIMEOUT" not in k
+    },
     "BATCHSTREAM_AGGREGATOR_GAP_REWIND_AFTER_S": "2",
     "BATCHSTREAM_AGGREGATOR_GAP_CHECK_SECONDS": "0.5",
 }
@@ -127,6 +126,8 @@ class ChaosStack:
         env = dict(CHAOS_ENV)
         if not static_membership:  # the aggregator as it was before (to measure the difference)
             env["BATCHSTREAM_AGGREGATOR_GROUP_INSTANCE_ID"] = ""
+            env["BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S"] = "60"  # faust's default
+            env["BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S"] = "60"
         self.stack = Stack(
             state_dir / "main",
             ports=free_ports(),
