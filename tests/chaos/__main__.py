@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from tests.chaos.trials import FAULTS, ChaosStack, TrialResult, run_trial, spread, summary
+from tests.chaos.trials import FAULTS, ChaosStack, TrialResult, failed, run_trial, spread, summary
 
 
 def main(
@@ -41,7 +41,11 @@ def main(
         try:
             chaos.start()
             for name, trial_seed in plan:
-                results.append(run_trial(chaos, FAULTS[name], trial_seed, lines, log=_say))
+                try:
+                    results.append(run_trial(chaos, FAULTS[name], trial_seed, lines, log=_say))
+                except Exception as exc:  # a hung or broken trial is a failed one; go on
+                    _say(f"chaos trial fault={name} seed={trial_seed} lines={lines} FAILED: {exc!r}")
+                    results.append(failed(name, trial_seed, lines, repr(exc)))
         finally:
             chaos.close()
             if results:

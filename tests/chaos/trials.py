@@ -119,6 +119,11 @@ class TrialResult:
         )
 
 
+def failed(fault: str, seed: int, lines: int, why: str) -> TrialResult:
+    """A trial that raised (e.g. timed out waiting): nothing checked, counted as failed."""
+    return TrialResult(fault, seed, lines, "unknown", 0, 0, False, None, 0.0, [why])
+
+
 class ChaosStack:
     """A stack of its own with two fake-engine workers of one model (``worker`` and ``twin``)."""
 
