@@ -19,7 +19,7 @@ from tests.chaos.trials import FAULTS, ChaosStack, TrialResult, failed, run_tria
 
 def main(
     trials: Annotated[int, typer.Option(help="Trials in all, spread over the faults in turn.")] = len(FAULTS),
-    lines: Annotated[int, typer.Option(help="Lines per batch.")] = 2000,
+    lines: Annotated[int, typer.Option(help="Lines per batch.")] = 4000,
     fault: Annotated[list[str] | None, typer.Option(help="Only these faults (repeatable).")] = None,
     seed: Annotated[
         int | None, typer.Option(help="With one --fault and --trials 1: replay this seed.")

@@ -16,7 +16,7 @@ from tests.chaos.trials import FAULTS, ChaosStack, run_trial
 
 pytestmark = pytest.mark.chaos
 TRIALS_PER_FAULT = int(os.environ.get("CHAOS_TRIALS_PER_FAULT", "1"))
-LINES = int(os.environ.get("CHAOS_LINES", "2000"))
+LINES = int(os.environ.get("CHAOS_LINES", "4000"))
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ too. A trial (``run_trial``):
 3. starts it again the way the stack does (the broker through ``supervisor.up``, which applies the
    broker-loss policy: every service restarted, the aggregator's local state emptied, batches in
    flight requeued from their first line);
-4. measures the recovery time: from the restart call to the first change of the batch's status or
-   counts after the component is back;
+4. measures the recovery time: from the restart call to the first progress seen after it (counts
+   above the lowest value seen since the call, or a later status);
 5. waits for ``completed`` and checks: ``request_counts`` exact, every custom_id exactly once in the
    output or error file, and nothing in flight (no request running on a worker, no results waiting
    for the aggregator).
@@ -25,6 +25,7 @@ too. A trial (``run_trial``):
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -285,9 +286,7 @@ def _trial(
         recovery = _stall(chaos, stack, name, batch_id)
     else:
         kill_tree(stack, name)
-        restarted = time.monotonic()
-        restart(chaos, fault)
-        recovery = _recovery(chaos, batch_id, restarted)
+        recovery = _restart_and_time(chaos, fault, batch_id)
 
     wait_until(lambda: phase_of(chaos.batch(batch_id)) in TERMINAL, 300, "a terminal status")
     result = _check(chaos, batch_id, lines)
@@ -303,15 +302,35 @@ def _trial(
     return result
 
 
-def _recovery(chaos: ChaosStack, batch_id: str, restarted: float) -> float | None:
-    """Seconds from the restart call to the first change of the batch's status or counts after it."""
-    base = _progress_now(chaos, batch_id)
-    if base[0] in TERMINAL:
-        return None
-    wait_until(
-        lambda: (p := progress(chaos.batch(batch_id))) is not None and p != base, 300, "counts to move", 0.05
-    )
-    return time.monotonic() - restarted
+def _restart_and_time(chaos: ChaosStack, fault: Fault, batch_id: str) -> float | None:
+    """Restart the component; the recovery time is from the restart call to the first sign of
+    progress seen after it: the counts above the lowest value seen since the call (the broker's
+    requeue sets them back to 0), or a status later than the one at the call. None if the batch
+    had already ended."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        restarted = time.monotonic()
+        restarting = pool.submit(restart, chaos, fault)
+        seen = progress(chaos.batch(batch_id))
+        status, lowest = seen if seen is not None else ("unknown", 2**62)
+        if status in TERMINAL:
+            restarting.result()
+            return None
+
+        def moved() -> bool:
+            nonlocal lowest
+            now = progress(chaos.batch(batch_id))
+            if now is None:
+                return False
+            if now[1] > lowest or (now[0] != status and now[0] != "in_progress"):
+                return True
+            lowest = min(lowest, now[1])
+            return False
+
+        try:
+            wait_until(moved, 300, "the batch's counts to move again", 0.05)
+            return time.monotonic() - restarted
+        finally:
+            restarting.result()  # the component is back (or its start failed: that raises)
 
 
 def _progress_now(chaos: ChaosStack, batch_id: str) -> tuple[str, int]:
@@ -321,22 +340,19 @@ def _progress_now(chaos: ChaosStack, batch_id: str) -> tuple[str, int]:
 
 
 def _stall(chaos: ChaosStack, stack: Stack, name: str, batch_id: str) -> float | None:
-    """SIGSTOP the worker until the batch moves on without it (its partitions rebalanced to the
-    other worker), then SIGCONT. The recovery time runs from the stop."""
+    """SIGSTOP the worker until the batch has ended without it (its partitions were rebalanced to
+    the other worker, which runs its lines again), then SIGCONT: what it then publishes late is
+    counted once. The time runs from the stop to the batch's end."""
     pids = kill_tree(stack, name, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        base = _progress_now(chaos, batch_id)
-        if base[0] in TERMINAL:
+        if _progress_now(chaos, batch_id)[0] in TERMINAL:
             return None
-
-        def moved() -> bool:
-            now = progress(chaos.batch(batch_id))
-            return now is not None and now != base
-
-        # Counts may still move for a moment (results already published); wait for the batch to
-        # end or to move after the group's session timeout could have passed.
-        wait_until(moved, 300, "the batch to move without the stalled worker", 0.05)
+        wait_until(
+            lambda: phase_of(chaos.batch(batch_id)) in TERMINAL,
+            300,
+            "the batch to end without the stalled worker",
+        )
         return time.monotonic() - stopped
     finally:
         for pid in pids:
