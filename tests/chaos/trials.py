@@ -12,8 +12,8 @@ too. A trial (``run_trial``):
 3. starts it again the way the stack does (the broker through ``supervisor.up``, which applies the
    broker-loss policy: every service restarted, the aggregator's local state emptied, batches in
    flight requeued from their first line);
-4. measures the recovery time: from the restart call to the first progress seen after it (counts
-   above the lowest value seen since the call, or a later status);
+4. measures the recovery time: from the restart call to the first progress seen once the
+   component is back (or to the batch's end, if it ends while the component starts);
 5. waits for ``completed`` and checks: ``request_counts`` exact, every custom_id exactly once in the
    output or error file, and nothing in flight (no request running on a worker, no results waiting
    for the aggregator).
@@ -303,28 +303,32 @@ def _trial(
 
 
 def _restart_and_time(chaos: ChaosStack, fault: Fault, batch_id: str) -> float | None:
-    """Restart the component; the recovery time is from the restart call to the first sign of
-    progress seen after it: the counts above the lowest value seen since the call (the broker's
-    requeue sets them back to 0), or a status later than the one at the call. None if the batch
-    had already ended."""
+    """Restart the component; the recovery time runs from the restart call to the first progress
+    seen once the restart call has returned (the component is up again): counts above the lowest
+    value seen since then, or another status. A batch that ends while the component starts (the
+    broker's path restarts every service) recovered when it ended. None if it had ended before."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         restarted = time.monotonic()
         restarting = pool.submit(restart, chaos, fault)
         seen = progress(chaos.batch(batch_id))
-        status, lowest = seen if seen is not None else ("unknown", 2**62)
-        if status in TERMINAL:
+        if seen is not None and seen[0] in TERMINAL:
             restarting.result()
             return None
+        base: tuple[str, int] | None = None
 
         def moved() -> bool:
-            nonlocal lowest
+            nonlocal base
             now = progress(chaos.batch(batch_id))
             if now is None:
                 return False
-            if now[1] > lowest or (now[0] != status and now[0] != "in_progress"):
+            if now[0] in TERMINAL:
                 return True
-            lowest = min(lowest, now[1])
-            return False
+            if not restarting.done():
+                return False
+            if base is None or (now[0] == base[0] and now[1] < base[1]):
+                base = now  # the first look once it is back, or counts set back (requeue)
+                return False
+            return now != base
 
         try:
             wait_until(moved, 300, "the batch's counts to move again", 0.05)
