@@ -79,7 +79,7 @@ class Fault:
 FAULTS = {
     f.name: f
     for f in (
-        Fault("api-validation", "api", "validating", 0.2),
+        Fault("api-validation", "api", "validating", 0.05),
         Fault("api-emission", "api", "emitting", 0.3),
         Fault("worker", "worker", "running", 0.5),
         Fault("aggregator-chunks", "aggregator", "running", 0.5),
