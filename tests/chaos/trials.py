@@ -31,6 +31,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -430,7 +431,7 @@ def summary(results: list[TrialResult]) -> str:
         by_fault[r.fault].append(r)
     for name, rs in [*sorted(by_fault.items()), ("all", results)]:
         rec = sorted(r.recovery_s for r in rs if r.recovery_s is not None)
-        p50 = f"{rec[len(rec) // 2]:.1f}s" if rec else "n/a"
+        p50 = f"{statistics.median(rec):.1f}s" if rec else "n/a"
         top = f"{rec[-1]:.1f}s" if rec else "n/a"
         rows.append(
             f"{name:<21} {len(rs):>6} {sum(r.lines for r in rs):>6} {sum(r.lost for r in rs):>5} "
