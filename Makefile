@@ -36,10 +36,10 @@ TINY_DIR := $(MODELS)/tiny-llama
 # pip's local find-links/extra-index config prints one harmless warning per package; hide those.
 PIP_FILTER := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: help venvs up down status test test-unit test-load lint format check-deploy schemas bench clean distclean
+.PHONY: help venvs up down status test test-unit test-load chaos lint format check-deploy schemas bench clean distclean
 
 help:
-	@echo "make up | down | status | test | test-unit | test-load | lint | format | check-deploy | schemas | bench | clean | distclean"
+	@echo "make up | down | status | test | test-unit | test-load | chaos | lint | format | check-deploy | schemas | bench | clean | distclean"
 
 # ------------------------------------------------------------------------------- environments
 
@@ -154,6 +154,13 @@ test: venvs $(TINY_DIR)/$(MARKER) lint check-deploy
 # The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).
 test-load: venvs
 	$(PY) -m pytest -q -s -m load tests/integration/test_load.py
+
+# Fault injection (docs/testing.md): TRIALS trials spread over every fault, then a summary table
+# (trials per fault, lines checked, lost, duplicated, recovery p50/max). `make test` runs one per fault.
+TRIALS ?= 20
+CHAOS_ARGS ?=
+chaos: venvs
+	$(PY) -m tests.chaos --trials $(TRIALS) $(CHAOS_ARGS)
 
 # Rewrites docs/schemas/*.json from shared/protocol/messages.py (a unit test fails when they drift).
 schemas: $(VENV)/.editable-installed

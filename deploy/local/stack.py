@@ -256,13 +256,14 @@ class Stack:
             return "ready"
         return wait_ready(comp.ready, lambda: processes.is_running(ref), comp.start_timeout_s)
 
-    def stop(self, names: Iterable[str] | None = None) -> None:
-        """Stop the named components (default: every one with a PID file), in reverse order."""
+    def stop(self, names: Iterable[str] | None = None, *, timeout_s: float | None = None) -> None:
+        """Stop the named components (default: every one with a PID file), in reverse order; each
+        gets its own SIGTERM grace (``catalogue``), or ``timeout_s``, before SIGKILL."""
         wanted = list(names) if names is not None else self.known()
         for name in sorted(wanted, key=start_rank, reverse=True):
             ref = self._ref(name)
             if ref is not None:
-                processes.stop_tree(ref, stop_timeout_s(name))
+                processes.stop_tree(ref, stop_timeout_s(name) if timeout_s is None else timeout_s)
             self._forget(name)
 
     def _forget(self, name: str) -> None:

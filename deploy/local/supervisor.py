@@ -25,10 +25,17 @@ def up(stack: Stack, services: Sequence[str]) -> int:
 
     ``services`` names ``api``, ``aggregator`` and ``inference`` (every model's worker).
     """
-    kafka_was_running = stack.pid("kafka") is not None
+    broker_lost = stack.pid("kafka") is None
+    if broker_lost:
+        # Before the new broker exists: a service from before would otherwise write to it (results,
+        # changelog records of the state about to be reset) until it is stopped below. Without a
+        # grace: with the broker gone there is nothing to hand back or commit, and a worker and an
+        # aggregator draining against it took their whole stop timeouts (45 s + 30 s, measured);
+        # their state is reset and the batches requeued anyway.
+        stop_services(stack, timeout_s=BROKER_LOST_STOP_TIMEOUT_S)
     outcomes = stack.start(STAND_INS, strict=False)
     if all(o.ok for o in outcomes):
-        if not kafka_was_running:
+        if broker_lost:
             recover_from_broker_loss(stack)
         stack.provision()
         names = [s for s in services if s in SERVICES]
@@ -43,9 +50,17 @@ def recover_from_broker_loss(stack: Stack) -> None:
     """A new broker has no topics, offsets or changelogs: consumer state from before is stale, and
     batches in flight lost their messages. Restart every service and have the api publish those
     batches again."""
-    stack.stop([n for n in stack.known() if n not in STAND_INS])
+    stop_services(stack)
     stack.reset_aggregator_state()
     stack.requeue_in_flight()
+
+
+BROKER_LOST_STOP_TIMEOUT_S = 2.0
+
+
+def stop_services(stack: Stack, timeout_s: float | None = None) -> None:
+    """Stop every component that is not a stand-in server (api, aggregator, workers)."""
+    stack.stop([n for n in stack.known() if n not in STAND_INS], timeout_s=timeout_s)
 
 
 def print_summary(stack: Stack, outcomes: Sequence[Outcome]) -> None:

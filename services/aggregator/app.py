@@ -33,6 +33,7 @@ def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=config.session_timeout_s,
         broker_heartbeat_interval=config.heartbeat_interval_s,
+        consumer_group_instance_id=config.group_instance_id or None,
         broker_rebalance_timeout=config.rebalance_timeout_s,
         broker_commit_interval=config.commit_interval_s,
         producer_max_batch_size=config.producer_max_batch_size,

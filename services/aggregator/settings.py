@@ -18,6 +18,14 @@ class AggregatorConfig(AggregatorSettings):
     session_timeout_s: float = 60.0
     """faust ``broker_session_timeout`` (faust's default; tests lower the broker timeouts so a
     restarted worker rejoins in seconds)."""
+    group_instance_id: str = ""
+    """Static group membership (Kafka's ``group.instance.id``, faust
+    ``consumer_group_instance_id``): a name that stays the same across restarts of one aggregator
+    instance and differs between instances (e.g. a StatefulSet pod name). A restarted member with
+    the same name takes its partitions back at once instead of waiting up to
+    ``session_timeout_s`` for the killed one to be dropped. Trade-off: a static member does not
+    leave the group when it stops, so when an instance is removed for good its partitions move
+    only after ``session_timeout_s``. Empty: dynamic membership."""
     heartbeat_interval_s: float = 3.0
     """faust ``broker_heartbeat_interval``."""
     rebalance_timeout_s: float = 60.0

@@ -20,7 +20,7 @@ from faust import streams
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from services.aggregator.app import app, config
+from services.aggregator.app import app, config, create_app, kafka_settings
 from services.aggregator.faust_adapter import ResultsPartitions, label
 from services.aggregator.offset_gaps import PartitionOffsets
 
@@ -60,6 +60,17 @@ async def test_the_worker_consumer_is_created_with_the_wait() -> None:
     assert "_fetch_max_wait_ms" in inspect.getsource(type(consumer).start)
     # Canary: faust still hard-codes the wait it is given no setting for.
     assert "fetch_max_wait_ms=1500" in inspect.getsource(faust_aiokafka.AIOKafkaConsumerThread)
+
+
+async def test_a_group_instance_id_reaches_the_worker_consumer_as_static_membership() -> None:
+    """Static membership goes through faust's public ``consumer_group_instance_id`` setting; this
+    checks that faust still hands it to aiokafka's consumer, which sends it on JoinGroup."""
+    static = create_app(config.model_copy(update={"group_instance_id": "agg-0"}), kafka_settings)
+    thread = cast(Any, static.consumer)._new_consumer_thread()
+    consumer = thread._create_worker_consumer(static.transport)
+    assert consumer._group_instance_id == "agg-0"
+    dynamic = cast(Any, app.consumer)._new_consumer_thread()._create_worker_consumer(app.transport)
+    assert dynamic._group_instance_id is None
 
 
 # --- 2. commit guard
