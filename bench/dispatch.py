@@ -80,7 +80,7 @@ def head_of_line(
 def create_key(stack: Stack, project: str) -> str:
     """An API key of another project, made the way an operator makes one."""
     out = subprocess.run(
-        [sys.executable, "-m", "services.api.keys", "create", "--project", project],
+        [sys.executable, "-m", "services.client", "keys", "create", "--project", project],
         env={**os.environ, **stack.env()},
         capture_output=True,
         text=True,
