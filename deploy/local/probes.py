@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import urllib.error
+import io
 import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -68,20 +69,41 @@ def http_ready(url: str) -> Probe:
     return check
 
 
+READY_PROBE_KEY = "_stack/ready-probe"  # a few bytes the probe writes and reads back
+
+
 def s3_ready(port: int, storage: StorageSettings) -> Probe:
-    """A real signed request: the bucket listing answers (the bucket may not exist yet)."""
+    """A real signed request: the bucket listing answers (the bucket may not exist yet).
+
+    Once the bucket exists (a restart), the probe also writes and reads back a small object:
+    a restarted SeaweedFS answers metadata calls a few seconds before its volume server serves
+    data again, and "ready" must mean the stored files can be read.
+    """
     listening = tcp_ready(port)
 
     def check() -> bool:
         if not listening():
             return False
         try:
-            _s3_client(f"127.0.0.1:{port}", storage).list_buckets()
+            client = _s3_client(f"127.0.0.1:{port}", storage)
+            if storage.bucket in {b.name for b in client.list_buckets()}:
+                return _round_trip(client, storage.bucket)
         except Exception:
             return False
         return True
 
     return check
+
+
+def _round_trip(client: Any, bucket: str) -> bool:
+    body = b"ready"
+    client.put_object(bucket, READY_PROBE_KEY, io.BytesIO(body), len(body))
+    response = client.get_object(bucket, READY_PROBE_KEY)
+    try:
+        return bool(response.read() == body)
+    finally:
+        response.close()
+        response.release_conn()
 
 
 def _s3_client(endpoint: str, storage: StorageSettings) -> Any:

@@ -173,7 +173,13 @@ def assert_resumed(api: httpx.Client, ids: dict[str, str], dependency: str, sinc
     """/health is healthy again, what was stored before is still there, and a batch completes."""
     wait_until(lambda: api.get("/health").status_code == 200, 60, "/health to recover")
     print(f"{dependency} back: /health healthy {time.monotonic() - since:.1f}s later")
-    assert api.get(f"/v1/files/{ids['output']}/content").text == ids["output_text"]
+
+    def stored_content() -> str | None:
+        """A 503 says "retry shortly"; a client that does so gets the same bytes as before."""
+        response = api.get(f"/v1/files/{ids['output']}/content")
+        return None if response.status_code == 503 else response.text
+
+    assert wait_until(stored_content, 30, "the stored output to be served") == ids["output_text"]
     after = run_batch(api)
     assert after["status"] == "completed" and after["request_counts"]["completed"] == 5, after
 
