@@ -139,6 +139,9 @@ class InferenceSettings(BaseSettings):
     engine: str = "vllm"
     """``vllm``, or ``fake``: instant answers without a model, for tests and the pipeline
     benchmark."""
+    fake_seconds_per_token: float = Field(default=0.0, ge=0)
+    """The ``fake`` engine's pace: each request takes this many seconds per ``max_tokens`` (1
+    when the body has none); 0: instant. Tests use it to keep a batch running for a while."""
     model: str = Field(default="", description="Path or name of the model vLLM loads.")
     served_model_name: str = ""
     """The model id clients name in ``body.model``; names the topic ``requests.<id>``. Default:

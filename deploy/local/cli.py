@@ -1,7 +1,13 @@
-"""``python -m deploy.local up|down|status``: what ``make up``, ``make down``, ``make status`` run."""
+"""``python -m deploy.local up|down|status``: what ``make up``, ``make down``, ``make status`` run.
+
+A second stack next to the ``make up`` one (a test's, say) needs its own state dir and ports:
+``--state-dir DIR`` and, for each port, ``--port NAME=N`` (a field of ``Ports``), or the
+``BATCHSTREAM_*`` address settings ``Ports.from_settings`` reads.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -18,11 +24,38 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+PORT_NAMES = [f.name for f in dataclasses.fields(Ports)]
 StateDir = Annotated[Path, typer.Option(help="PID files, logs and data live here.")]
+PortOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--port",
+        metavar="NAME=N",
+        help=f"A port other than the default (repeatable); NAME: {', '.join(PORT_NAMES)}.",
+    ),
+]
 
 
-def _stack(state_dir: Path, models: list[str] | None = None, inference_python: str | None = None) -> Stack:
-    stack = Stack(state_dir, ports=Ports.from_settings(), models=[ModelSpec.parse(m) for m in models or []])
+def ports(overrides: list[str] | None = None) -> Ports:
+    """``Ports.from_settings()`` with each ``NAME=N`` of ``overrides`` applied."""
+    chosen: dict[str, int] = {}
+    for item in overrides or []:
+        name, _, value = item.partition("=")
+        if name not in PORT_NAMES or not value.isdigit():
+            raise typer.BadParameter(f"{item!r}: expected NAME=N, NAME one of {', '.join(PORT_NAMES)}")
+        chosen[name] = int(value)
+    return dataclasses.replace(Ports.from_settings(), **chosen)
+
+
+def _stack(
+    state_dir: Path,
+    models: list[str] | None = None,
+    inference_python: str | None = None,
+    port: list[str] | None = None,
+    engine: str = "vllm",
+) -> Stack:
+    specs = [dataclasses.replace(ModelSpec.parse(m), engine=engine) for m in models or []]
+    stack = Stack(state_dir, ports=ports(port), models=specs)
     if inference_python:
         stack.inference_python = inference_python
     return stack
@@ -38,10 +71,14 @@ def up(
         str, typer.Option(help="Services to start after the stand-ins (comma separated; '' for none).")
     ] = "api,aggregator,inference",
     inference_python: Annotated[str | None, typer.Option(help="The .venv-inference interpreter.")] = None,
+    engine: Annotated[
+        str, typer.Option(help="vllm, or fake: instant answers without a model (tests; DIR may be empty).")
+    ] = "vllm",
+    port: PortOption = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Start every component that is not running and healthy; return when all are healthy."""
-    stack = _stack(state_dir, model, inference_python)
+    stack = _stack(state_dir, model, inference_python, port, engine)
     raise typer.Exit(supervisor.up(stack, [s for s in services.split(",") if s]))
 
 
@@ -52,6 +89,6 @@ def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
 
 
 @app.command()
-def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+def status(port: PortOption = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Each component: healthy, running but not ready, or stopped."""
-    supervisor.status(_stack(state_dir))
+    supervisor.status(_stack(state_dir, port=port))

@@ -21,7 +21,11 @@ async def open_engine(settings: InferenceSettings) -> AsyncIterator[Engine]:
     if settings.engine == "fake":
         from services.inference.fake_engine import FakeEngine
 
-        yield FakeEngine(model_id=settings.model_id, max_context_length=settings.max_model_len)
+        yield FakeEngine(
+            model_id=settings.model_id,
+            max_context_length=settings.max_model_len,
+            seconds_per_token=settings.fake_seconds_per_token,
+        )
         return
     if settings.engine != "vllm":
         raise ValueError(f"unknown engine {settings.engine!r} ({' | '.join(ENGINES)})")

@@ -271,13 +271,7 @@ def _trial(
     began: float,
     log: Callable[[str], None],
 ) -> TrialResult:
-    client = chaos.client
-    requests = [chat_request(f"c{i}", MODEL, f"line {i} of trial {seed}") for i in range(lines)]
-    upload = client.files.create(file=("chaos.jsonl", jsonl(requests)), purpose="batch")
-    batch_id = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    ).id
-
+    batch_id = submit_batch(chaos, lines, f"trial {seed}")
     wait_until(lambda: reached(fault.phase, chaos.batch(batch_id)), 120, f"phase {fault.phase}", 0.02)
     time.sleep(rng.uniform(0, fault.max_delay_s))  # the random moment (not an assertion wait)
     stack, name = chaos.owner(fault.component)
@@ -287,10 +281,10 @@ def _trial(
         recovery = _stall(chaos, stack, name, batch_id)
     else:
         kill_tree(stack, name)
-        recovery = _restart_and_time(chaos, fault, batch_id)
+        recovery = restart_and_time(chaos, batch_id, lambda: restart(chaos, fault))
 
     wait_until(lambda: phase_of(chaos.batch(batch_id)) in TERMINAL, 300, "a terminal status")
-    result = _check(chaos, batch_id, lines)
+    result = check_batch(chaos, batch_id, lines)
     result = replace(
         result,
         fault=fault.name,
@@ -303,14 +297,24 @@ def _trial(
     return result
 
 
-def _restart_and_time(chaos: ChaosStack, fault: Fault, batch_id: str) -> float | None:
-    """Restart the component; the recovery time runs from the restart call to the first progress
-    seen once the restart call has returned (the component is up again): counts above the lowest
-    value seen since then, or another status. A batch that ends while the component starts (the
-    broker's path restarts every service) recovered when it ended. None if it had ended before."""
+def submit_batch(chaos: ChaosStack, lines: int, tag: str) -> str:
+    """Upload ``lines`` chat lines (custom_ids ``c0`` .. ``cN-1``) and create a batch; its id."""
+    requests = [chat_request(f"c{i}", MODEL, f"line {i} of {tag}") for i in range(lines)]
+    upload = chaos.client.files.create(file=("chaos.jsonl", jsonl(requests)), purpose="batch")
+    return chaos.client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    ).id
+
+
+def restart_and_time(chaos: ChaosStack, batch_id: str, start_again: Callable[[], None]) -> float | None:
+    """Call ``start_again`` (it brings the killed component back, as ``make up`` would); the
+    recovery time runs from that call to the first progress seen once it has returned (the
+    component is up again): counts above the lowest value seen since then, or another status. A
+    batch that ends while the component starts (the broker's path restarts every service)
+    recovered when it ended. None if it had ended before."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         restarted = time.monotonic()
-        restarting = pool.submit(restart, chaos, fault)
+        restarting = pool.submit(start_again)
         seen = progress(chaos.batch(batch_id))
         if seen is not None and seen[0] in TERMINAL:
             restarting.result()
@@ -365,7 +369,9 @@ def _stall(chaos: ChaosStack, stack: Stack, name: str, batch_id: str) -> float |
                 os.kill(pid, signal.SIGCONT)
 
 
-def _check(chaos: ChaosStack, batch_id: str, lines: int) -> TrialResult:
+def check_batch(chaos: ChaosStack, batch_id: str, lines: int) -> TrialResult:
+    """The batch ended ``completed`` with exact counts, every custom_id ``c0`` .. once, and
+    nothing left in flight; what is wrong is in ``problems``."""
     problems: list[str] = []
     batch = chaos.client.batches.retrieve(batch_id)
     if batch.status != "completed":

@@ -1,0 +1,148 @@
+"""The local stack survives its own restarts, done the way a user does them.
+
+The broker keeps its data in memory, so both cases lose every message of a batch in flight: ``up``
+then requeues the batch (dispatch position, counts and seen-lines reset) and it runs again from its
+first line. Each case ends with the batch ``completed``, exact ``request_counts``, every custom_id
+once, nothing in flight, every component alive and healthy, and a new batch completing. Each
+prints its recovery times: from the ``up`` call to the batch's counts moving again.
+
+The stacks are ``tests/chaos`` stacks (own stand-ins, api, aggregator, a fake-engine worker, on
+free ports in a tmp dir), and the kills and checks are the chaos trials' own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.local import up
+from tests.chaos.trials import (
+    MODEL,
+    ChaosStack,
+    check_batch,
+    kill_tree,
+    phase_of,
+    progress,
+    restart_and_time,
+    submit_batch,
+)
+from tests.support.waiting import TERMINAL, wait_until
+
+pytestmark = pytest.mark.e2e
+LINES = 2000
+# The fake engine paced (0.05 s a request, 16 at once: at most 320 lines/s), so the batch is still
+# running when the test kills or stops the stack, however fast the machine.
+PACED = {"BATCHSTREAM_INFERENCE_FAKE_SECONDS_PER_TOKEN": "0.05", "BATCHSTREAM_INFERENCE_MAX_IN_FLIGHT": "16"}
+KILLS = 3
+IN_PROGRESS = {"emitting", "emitted", "running"}  # phase_of's names for an in_progress batch
+
+
+@pytest.fixture
+def chaos(tmp_path: Path) -> Iterator[ChaosStack]:
+    """A stack of its own (paced), not started; every process it ends up with is stopped by PID."""
+    stack = ChaosStack(tmp_path)
+    stack.stack.extra_env.update(PACED)
+    try:
+        yield stack
+    finally:
+        stack.close()
+
+
+def test_a_batch_completes_exactly_once_when_the_broker_is_killed_three_times(chaos: ChaosStack) -> None:
+    chaos.start()
+    warm_up(chaos)
+    batch_id = submit_batch(chaos, LINES, "broker kills")
+    wait_until(lambda: phase_of(chaos.batch(batch_id)) == "running", 60, "the first results counted")
+    recoveries = []
+    for kill in range(1, KILLS + 1):
+        kill_tree(chaos.stack, "kafka")  # SIGKILL to the broker's process group
+        killed_at = progress(chaos.batch(batch_id))
+        print(f"broker kill {kill}/{KILLS} at {killed_at} of {LINES} lines")
+        assert phase_of(chaos.batch(batch_id)) in IN_PROGRESS, f"kill {kill} came after the batch's end"
+        recovery = restart_and_time(chaos, batch_id, lambda: make_up(chaos))
+        assert recovery is not None
+        recoveries.append(recovery)
+        print(f"broker kill {kill}/{KILLS}: recovery {recovery:.1f} s (from up to the counts moving)")
+    assert_batch_exact(chaos, batch_id, LINES)
+    assert_nothing_stuck(chaos)
+
+
+def test_make_down_then_make_up_mid_batch_completes_each_line_once(chaos: ChaosStack) -> None:
+    state_dir = chaos.stack.state_dir
+    up_args = [
+        "up",
+        "--model",
+        f"={MODEL}",
+        "--engine",
+        "fake",
+        *port_args(chaos),
+        "--state-dir",
+        str(state_dir),
+    ]
+    deploy_local(chaos, *up_args)
+    warm_up(chaos)
+    batch_id = submit_batch(chaos, LINES, "down and up")
+    wait_until(lambda: phase_of(chaos.batch(batch_id)) == "running", 60, "the first results counted")
+
+    began = time.monotonic()
+    deploy_local(chaos, "down", "--state-dir", str(state_dir))
+    print(f"down took {time.monotonic() - began:.1f} s")
+    assert chaos.stack.pids() == {}, "down left processes running"
+
+    recovery = restart_and_time(chaos, batch_id, lambda: deploy_local(chaos, *up_args))
+    assert recovery is not None
+    print(f"down, then up: recovery {recovery:.1f} s (from up to the counts moving)")
+    assert_batch_exact(chaos, batch_id, LINES)
+    assert_nothing_stuck(chaos)
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def warm_up(chaos: ChaosStack) -> None:
+    """A small batch first: once it completes, the worker and the aggregator have joined their
+    groups, so the test batch's counts move from its first lines on (its kills land early)."""
+    assert_batch_exact(chaos, submit_batch(chaos, 20, "warm-up"), 20)
+
+
+def make_up(chaos: ChaosStack) -> None:
+    """What ``make up`` runs (``deploy.local.supervisor.up``), on this test's stack."""
+    assert up(chaos.stack, ["api", "aggregator", "inference"]) == 0, "up failed"
+
+
+def deploy_local(chaos: ChaosStack, *args: str) -> None:
+    """``python -m deploy.local ARGS`` as ``make up``/``make down`` run it, on this test's stack."""
+    env = {**chaos.stack.service_env()}
+    done = subprocess.run(
+        [sys.executable, "-m", "deploy.local", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"deploy.local {args[0]} failed:\n{done.stdout}\n{done.stderr}"
+
+
+def port_args(chaos: ChaosStack) -> list[str]:
+    """``--port NAME=N`` for each of the stack's ports (none is ``make up``'s)."""
+    ports = dataclasses.asdict(chaos.stack.ports)
+    return [arg for name, port in ports.items() for arg in ("--port", f"{name}={port}")]
+
+
+def assert_batch_exact(chaos: ChaosStack, batch_id: str, lines: int) -> None:
+    """``completed``, exact counts, each custom_id once, nothing in flight."""
+    wait_until(lambda: phase_of(chaos.batch(batch_id)) in TERMINAL, 120, "the batch's end")
+    result = check_batch(chaos, batch_id, lines)
+    assert result.ok, result.problems
+
+
+def assert_nothing_stuck(chaos: ChaosStack) -> None:
+    """Every component alive and healthy (``/health`` 200 for the services), and a new batch
+    completes."""
+    states = chaos.stack.status()
+    assert set(states) == set(chaos.stack.components()), states
+    assert all(state.startswith("healthy") for state in states.values()), states
+    batch_id = submit_batch(chaos, 20, "after the restarts")
+    assert_batch_exact(chaos, batch_id, 20)
