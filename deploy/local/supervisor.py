@@ -52,7 +52,12 @@ def recover_from_broker_loss(stack: Stack) -> None:
     batches again."""
     stop_services(stack)
     stack.reset_aggregator_state()
-    stack.requeue_in_flight()
+    requeued = stack.requeue_in_flight()
+    if requeued:
+        print(
+            f"the broker had lost its data: {len(requeued)} batch(es) in flight run again from their "
+            f"first line: {', '.join(requeued)}"
+        )
 
 
 BROKER_LOST_STOP_TIMEOUT_S = 2.0

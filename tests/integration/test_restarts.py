@@ -58,8 +58,7 @@ def test_a_batch_completes_exactly_once_when_the_broker_is_killed_three_times(ch
     chaos.start()
     warm_up(chaos)
     batch_id = submit_batch(chaos, LINES, "broker kills")
-    wait_until(lambda: phase_of(chaos.batch(batch_id)) == "running", 60, "the first results counted")
-    recoveries = []
+    wait_counting(chaos, batch_id)
     for kill in range(1, KILLS + 1):
         kill_tree(chaos.stack, "kafka")  # SIGKILL to the broker's process group
         killed_at = progress(chaos.batch(batch_id))
@@ -67,7 +66,6 @@ def test_a_batch_completes_exactly_once_when_the_broker_is_killed_three_times(ch
         assert phase_of(chaos.batch(batch_id)) in IN_PROGRESS, f"kill {kill} came after the batch's end"
         recovery = restart_and_time(chaos, batch_id, lambda: make_up(chaos))
         assert recovery is not None
-        recoveries.append(recovery)
         print(f"broker kill {kill}/{KILLS}: recovery {recovery:.1f} s (from up to the counts moving)")
     assert_batch_exact(chaos, batch_id, LINES)
     assert_nothing_stuck(chaos)
@@ -88,15 +86,17 @@ def test_make_down_then_make_up_mid_batch_completes_each_line_once(chaos: ChaosS
     deploy_local(chaos, *up_args)
     warm_up(chaos)
     batch_id = submit_batch(chaos, LINES, "down and up")
-    wait_until(lambda: phase_of(chaos.batch(batch_id)) == "running", 60, "the first results counted")
+    counted = wait_counting(chaos, batch_id)
 
     began = time.monotonic()
     deploy_local(chaos, "down", "--state-dir", str(state_dir))
-    print(f"down took {time.monotonic() - began:.1f} s")
+    print(f"down at {counted} of {LINES} lines counted took {time.monotonic() - began:.1f} s")
     assert chaos.stack.pids() == {}, "down left processes running"
 
-    recovery = restart_and_time(chaos, batch_id, lambda: deploy_local(chaos, *up_args))
+    said: list[str] = []
+    recovery = restart_and_time(chaos, batch_id, lambda: said.append(deploy_local(chaos, *up_args)))
     assert recovery is not None
+    assert batch_id in said[0], f"up did not requeue the batch (it had ended before down):\n{said[0]}"
     print(f"down, then up: recovery {recovery:.1f} s (from up to the counts moving)")
     assert_batch_exact(chaos, batch_id, LINES)
     assert_nothing_stuck(chaos)
@@ -116,13 +116,29 @@ def make_up(chaos: ChaosStack) -> None:
     assert up(chaos.stack, ["api", "aggregator", "inference"]) == 0, "up failed"
 
 
-def deploy_local(chaos: ChaosStack, *args: str) -> None:
-    """``python -m deploy.local ARGS`` as ``make up``/``make down`` run it, on this test's stack."""
-    env = {**chaos.stack.service_env()}
+def deploy_local(chaos: ChaosStack, *args: str) -> str:
+    """``python -m deploy.local ARGS`` as ``make up``/``make down`` run it, on this test's stack;
+    what it printed."""
     done = subprocess.run(
-        [sys.executable, "-m", "deploy.local", *args], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "deploy.local", *args],
+        env=chaos.stack.service_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, f"deploy.local {args[0]} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def wait_counting(chaos: ChaosStack, batch_id: str) -> int:
+    """Wait for the batch's first counted results (it is then mid-way); how many there are."""
+
+    def counted() -> int:
+        now = progress(chaos.batch(batch_id))
+        assert now is None or now[0] in {"validating", "in_progress"}, f"the batch is {now[0]} already"
+        return now[1] if now else 0
+
+    return wait_until(counted, 60, "the first results counted")
 
 
 def port_args(chaos: ChaosStack) -> list[str]:
