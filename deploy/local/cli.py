@@ -47,7 +47,7 @@ def ports(overrides: list[str] | None = None) -> Ports:
     return dataclasses.replace(Ports.from_settings(), **chosen)
 
 
-def _stack(
+def build_stack(
     state_dir: Path,
     models: list[str] | None = None,
     inference_python: str | None = None,
@@ -78,17 +78,17 @@ def up(
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Start every component that is not running and healthy; return when all are healthy."""
-    stack = _stack(state_dir, model, inference_python, port, engine)
+    stack = build_stack(state_dir, model, inference_python, port, engine)
     raise typer.Exit(supervisor.up(stack, [s for s in services.split(",") if s]))
 
 
 @app.command()
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Stop every process the stack started, by PID, in reverse start order."""
-    supervisor.down(_stack(state_dir))
+    supervisor.down(build_stack(state_dir))
 
 
 @app.command()
 def status(port: PortOption = None, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Each component: healthy, running but not ready, or stopped."""
-    supervisor.status(_stack(state_dir, port=port))
+    supervisor.status(build_stack(state_dir, port=port))
