@@ -54,6 +54,7 @@ def build_stack(
     port: list[str] | None = None,
     engine: str = "vllm",
 ) -> Stack:
+    """The stack a command works on: its state dir, ports, models (each on ``engine``)."""
     specs = [dataclasses.replace(ModelSpec.parse(m), engine=engine) for m in models or []]
     stack = Stack(state_dir, ports=ports(port), models=specs)
     if inference_python:
