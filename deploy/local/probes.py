@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import socket
 import urllib.error
-import io
 import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
