@@ -118,7 +118,7 @@ status:
 lint: $(VENV)/.editable-installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared services
+	$(VENV)/bin/mypy shared services deploy
 
 format: $(VENV)/.editable-installed
 	$(VENV)/bin/ruff format .
@@ -149,7 +149,7 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 test: venvs $(TINY_DIR)/$(MARKER) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
-		$(PY) -m pytest -q -m "not load"
+		$(PY) -m pytest -q -m "not load" --durations=25
 
 # The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).
 test-load: venvs

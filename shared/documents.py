@@ -99,6 +99,14 @@ class BatchDocument(StoredDocument):
     dispatch_settled: bool = False
     seen_lines: bytes | None = None
 
+    def output_files_expire_at(self) -> int | None:
+        """When the output and error files expire: ``output_expires_after`` from its anchor (the
+        batch's ``created_at``, the only anchor the API accepts), or never."""
+        after = self.output_expires_after
+        if not after or after.get("anchor") != "created_at":
+            return None
+        return self.created_at + int(after["seconds"])
+
     def public(self) -> Batch:
         fields = self.model_dump(exclude=INTERNAL_BATCH_FIELDS)
         fields.update(self.defaults.model_dump(exclude_none=True))

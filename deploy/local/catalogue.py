@@ -48,6 +48,11 @@ def start_rank(name: str) -> int:
     return _START_ORDER.get(name, len(_START_ORDER))
 
 
+def start_phase(name: str) -> int:
+    """0 for the stand-in servers, 1 for the services: a phase's components start together."""
+    return 0 if name in STAND_INS else 1
+
+
 def stop_timeout_s(name: str) -> float:
     return _STOP_TIMEOUT_S.get(name.partition("-")[0], 15.0)
 

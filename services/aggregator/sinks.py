@@ -137,7 +137,7 @@ class Finalizer:
         fill = None
         if reason is not None and total > 0:
             fill = Fill(reason.code, input_file_id, state.seen)
-        update = await self._write_files(batch_id, batch.project, fill)
+        update = await self._write_files(batch_id, batch.project, fill, batch.output_files_expire_at())
         counts = update["request_counts"]
         counts["total"] = total
         if fill is not None and counts["completed"] + counts["failed"] != total:
@@ -168,7 +168,9 @@ class Finalizer:
             del self._states[batch_id]
         await purge_if_released(self._files, self._batches, self._store, input_file_id)
 
-    async def _write_files(self, batch_id: str, project: str, fill: Fill | None) -> dict[str, Any]:
+    async def _write_files(
+        self, batch_id: str, project: str, fill: Fill | None, expires_at: int | None
+    ) -> dict[str, Any]:
         work = Path(await asyncio.to_thread(_make_work_dir, self._work_dir, batch_id))
         try:
             chunks = await self._download_chunks(batch_id, work)
@@ -178,9 +180,9 @@ class Finalizer:
             split = await asyncio.to_thread(merge_and_split, chunks, work, output, errors)
             output_id = error_id = None
             if split.completed:
-                output_id = await self._register(batch_id, "output", output, project)
+                output_id = await self._register(batch_id, "output", output, project, expires_at)
             if split.failed:
-                error_id = await self._register(batch_id, "error", errors, project)
+                error_id = await self._register(batch_id, "error", errors, project, expires_at)
         finally:
             await asyncio.to_thread(shutil.rmtree, work, True)
         return {
@@ -218,8 +220,11 @@ class Finalizer:
         await asyncio.gather(*(fetch(k, p) for k, p in zip(keys, paths, strict=True)))
         return paths
 
-    async def _register(self, batch_id: str, kind: str, path: Path, project: str) -> str:
-        """Upload one file and upsert its document; the same id and key on every re-run."""
+    async def _register(
+        self, batch_id: str, kind: str, path: Path, project: str, expires_at: int | None
+    ) -> str:
+        """Upload one file and upsert its document; the same id and key on every re-run.
+        ``expires_at`` comes from the batch's ``output_expires_after`` (None: never)."""
         file_id = output_file_id(batch_id, kind)
         key = file_key(file_id)
         stored = await self._store.put_file(key, str(path))
@@ -231,6 +236,7 @@ class Finalizer:
             filename=f"{batch_id}_{kind}.jsonl",
             purpose="batch_output",
             status="processed",
+            expires_at=expires_at,
         )
         await self._files.upsert(FileDocument.of(public, project, key))
         return file_id

@@ -31,6 +31,7 @@ def test_a_chat_batch_completes_with_every_line_generated_once(client: OpenAI, m
         endpoint="/v1/chat/completions",
         completion_window="24h",
         metadata={"suite": "e2e"},
+        output_expires_after={"anchor": "created_at", "seconds": 3600},
     )
     assert created.status == "validating"
     batch = wait_terminal(client, created.id, timeout_s=300)
@@ -50,6 +51,7 @@ def test_a_chat_batch_completes_with_every_line_generated_once(client: OpenAI, m
 
     output = client.files.retrieve(batch.output_file_id)
     assert output.purpose == "batch_output"
+    assert output.expires_at == batch.created_at + 3600, "output_expires_after applies to the output"
     lines = read_lines(client, batch.output_file_id)
     assert sorted(line["custom_id"] for line in lines) == sorted(ids)
     assert [line["custom_id"] for line in lines] == ids, "output keeps the input order"

@@ -1,0 +1,131 @@
+"""Earliest deadline first, on the local stack: a batch due sooner has its lines sent first.
+
+Every batch's deadline is its ``expires_at`` (created_at + the 24 h window), and batches whose
+deadlines lie within ``BATCHSTREAM_DISPATCH_DEADLINE_RESOLUTION_S`` of the earliest share a tier.
+This module's api (on the session's stand-ins, with no worker and no aggregator) takes a one-second
+resolution, so two batches of one project created two seconds apart fall into two tiers. The test is
+the model's consumer group: it consumes and commits the requests (so the dispatcher keeps sending)
+and reads the order the lines were sent in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from openai import AsyncOpenAI
+from openai.types import Batch
+from pymongo import MongoClient
+
+from deploy.local.stack import Stack
+from shared.topics import requests_topic
+from tests.integration.conftest import OwnStack
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+MODEL = "deadline-ghost"  # known to validation, served by no worker: the test consumes its topic
+GROUP = f"batchstream-inference-{MODEL}"
+LINES = 800
+
+
+@pytest.fixture(scope="module")
+def deadline_stack(own_stack: OwnStack) -> Iterator[Stack]:
+    with own_stack(
+        "deadline",
+        ["api"],
+        extra_env={
+            "BATCHSTREAM_DISPATCH_DEADLINE_RESOLUTION_S": "1",
+            "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
+        },
+    ) as stack:
+        env = stack.env()
+        with MongoClient(env["BATCHSTREAM_MONGO_URI"]) as mongo:
+            mongo[env["BATCHSTREAM_MONGO_DATABASE"]].models.update_one(
+                {"_id": MODEL},
+                {"$set": {"created": 1, "max_context_length": 2048, "endpoints": ["/v1/chat/completions"]}},
+                upsert=True,
+            )
+        yield stack
+
+
+@pytest.fixture
+async def client(deadline_stack: Stack) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(
+        base_url=deadline_stack.base_url, api_key=deadline_stack.api_key, max_retries=8
+    ) as c:
+        yield c
+
+
+async def create_batch(client: AsyncOpenAI, prefix: str) -> Batch:
+    lines = (
+        json.dumps(
+            {
+                "custom_id": f"{prefix}-{n}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {n}"}]},
+            }
+        )
+        for n in range(LINES)
+    )
+    upload = await client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
+    return await client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+
+async def test_the_batch_due_first_is_sent_first(deadline_stack: Stack, client: AsyncOpenAI) -> None:
+    consumer = AIOKafkaConsumer(
+        requests_topic(deadline_stack.kafka_settings(), MODEL),
+        bootstrap_servers=deadline_stack.kafka_settings().bootstrap_servers,
+        group_id=GROUP,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=50,
+    )
+    # The later batch's deadline must lie past the earlier one's tier (created_at is whole seconds).
+    due_first = await create_batch(client, "first")
+    await eventually(_after(due_first.created_at + 2), 10, "two seconds to pass", interval_s=0.05)
+    due_later = await create_batch(client, "later")
+    assert (due_later.expires_at or 0) - (due_first.expires_at or 0) >= 2
+    sent: dict[int, list[str]] = {}  # per partition, each line's batch id in send (offset) order
+    seen: set[tuple[str, int]] = set()
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(seen) < 2 * LINES and time.monotonic() < deadline:
+            got = await consumer.getmany(timeout_ms=200, max_records=50)
+            for partition, records in got.items():
+                for record in records:
+                    message = json.loads(record.value or b"{}")
+                    key = (message["batch_id"], message["line"])
+                    if key not in seen:  # a line sent again counts at its first send
+                        seen.add(key)
+                        sent.setdefault(partition.partition, []).append(key[0])
+            await consumer.commit()
+    finally:
+        await consumer.stop()
+        for batch in (due_first, due_later):
+            await client.batches.cancel(batch.id)
+    assert len(seen) == 2 * LINES, f"{len(seen)} of {2 * LINES} lines sent in 120 s"
+    # Only the later batch's start lines (its first round, ``start_lines``) may go before the
+    # earlier batch is all sent; a round robin between the two would have sent about half of them.
+    later_before = sum(_count_before_last(order, due_later.id, due_first.id) for order in sent.values())
+    assert later_before <= 64, f"{later_before} lines of the later batch went before the earlier's last"
+
+
+def _count_before_last(order: list[str], counted: str, last_of: str) -> int:
+    """How many ``counted`` entries come before the last ``last_of`` entry of one partition."""
+    positions = [i for i, batch_id in enumerate(order) if batch_id == last_of]
+    return order[: positions[-1]].count(counted) if positions else 0
+
+
+def _after(moment: float) -> Any:
+    async def passed() -> bool:
+        return time.time() >= moment
+
+    return passed
