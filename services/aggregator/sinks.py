@@ -122,7 +122,10 @@ class Finalizer:
             return status
         total = batch.request_counts.total
         state = BatchState.from_dict(self._states.get(batch_id))
-        complete = status in lifecycle.RUNNING and 0 < total <= state.done
+        # ``finalizing`` is only ever set once every line's result is in the chunks: a batch left
+        # there by a finalizer that died is complete even when this worker has no state for it
+        # (the local stack empties the table when its memory-only broker lost the changelog).
+        complete = status == "finalizing" or (status in lifecycle.RUNNING and 0 < total <= state.done)
         reason = None if complete else close_reason(batch.model_dump(), time.time(), self._cancel_timeout_s)
         if not complete and reason is None:
             return None
@@ -146,7 +149,8 @@ class Finalizer:
                 extra={"batch_id": batch_id, "total": total, "files": dict(counts)},
             )
             counts["failed"] = max(total - counts["completed"], 0)  # keep the counts whole
-        update["usage"] = state.usage_document()
+        # Without a state (see above) the last usage flushed with the live counts is what is known.
+        update["usage"] = state.usage_document() if state.done else batch.usage.model_dump()
         await self._batches.finish(batch_id, final, **update)
         if state.completed != counts["completed"]:
             log.warning(

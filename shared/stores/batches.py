@@ -124,7 +124,8 @@ class BatchStore:
     async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
         """Ids of batches that must end now although lines may lack results (expiry sweep).
 
-        The filter form of ``services/aggregator/closing.close_reason``.
+        The filter form of ``services/aggregator/closing.close_reason``, plus batches left
+        ``finalizing`` for ``cancel_timeout_s`` (the finalize ends them ``completed``).
         """
         query = {
             "$or": [
@@ -132,6 +133,9 @@ class BatchStore:
                 {"status": "cancelling", "cancelling_at": {"$lte": now - cancel_timeout_s}},
                 # The api's dispatcher saw every line it sent come back: no need to wait.
                 {"status": "cancelling", "dispatch_settled": True},
+                # A finalize that has not ended as long after it began lost its finalizer (an
+                # aggregator whose state was reset): the batch's results are all in its chunks.
+                {"status": "finalizing", "finalizing_at": {"$lte": now - cancel_timeout_s}},
             ]
         }
         cursor = self._batches.find(query, {"_id": 1}).limit(limit)

@@ -31,6 +31,7 @@ from services.aggregator.sinks import output_file_id
 from shared.kafka import encode
 from shared.mongo import Mongo
 from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
+from shared.result_chunks import encode_chunk
 from shared.settings import KafkaSettings, MongoSettings
 from shared.storage import ObjectStore, file_key, result_chunk_prefix
 from shared.topics import results_topic
@@ -333,6 +334,33 @@ async def test_cancelling_batch_ends_cancelled(clients: Clients, aggregator: int
     assert doc["cancelled_at"] and doc.get("completed_at") is None
     assert doc["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
     assert len(await read_lines(clients.store, doc["output_file_id"])) == 2
+
+
+async def test_a_batch_left_finalizing_without_state_ends_from_its_chunks(
+    clients: Clients, aggregator: int
+) -> None:
+    """The local stack empties the aggregator's table when its broker lost the changelog; a batch
+    whose finalize died then (every result in its chunks, ``finalizing``) still ends, not at expiry."""
+    batch_id = await insert_batch(clients.mongo, 5, status="finalizing")
+    usage = {
+        "input_tokens": 12,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 8,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 20,
+    }  # what the last live counts flush wrote
+    started = {"finalizing_at": int(time.time()) - 3600, "usage": usage}
+    await clients.mongo.batches.update_one({"_id": batch_id}, {"$set": started})
+    results = [make_result(batch_id, n, 400 if n == 4 else 200) for n in range(1, 6)]
+    chunk = f"{result_chunk_prefix(batch_id)}{time.time_ns():020d}-test.chunk"
+    await clients.store.put_bytes(chunk, encode_chunk(results))
+
+    doc = await wait_status(clients.mongo, batch_id, "completed", 30)
+    assert doc["request_counts"] == {"total": 5, "completed": 4, "failed": 1}
+    assert doc["usage"] == usage
+    output = await read_lines(clients.store, doc["output_file_id"])
+    assert [line["custom_id"] for line in output] == ["req-1", "req-2", "req-3", "req-5"]
+    assert await clients.store.list_keys(result_chunk_prefix(batch_id)) == []
 
 
 async def test_restart_mid_batch_keeps_counts_exact(

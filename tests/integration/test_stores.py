@@ -127,9 +127,12 @@ async def test_overdue_finds_expired_and_stuck_cancels(batches: BatchStore) -> N
     running = await new_batch(batches, status="in_progress")
     cancelling = await new_batch(batches, status="cancelling", cancelling_at=int(now) - 120)
     done = await new_batch(batches, status="completed", expires_at=int(now) - 1)
+    # A finalize that never ended (its aggregator's state was reset), and one that just began.
+    left_finalizing = await new_batch(batches, status="finalizing", finalizing_at=int(now) - 120)
+    finalizing = await new_batch(batches, status="finalizing", finalizing_at=int(now))
     found = set(await batches.overdue(now, 60, 1000))
-    assert {expired.id, cancelling.id} <= found
-    assert not {running.id, done.id} & found
+    assert {expired.id, cancelling.id, left_finalizing.id} <= found
+    assert not {running.id, done.id, finalizing.id} & found
 
 
 async def test_requeue_and_unfinished_work(batches: BatchStore) -> None:
