@@ -50,7 +50,9 @@ def is_connection_error(exc: Exception) -> bool:
 
 
 async def test_a_first_success_never_builds_the_loop() -> None:
-    flaky, tries, built = Flaky(0), [], []
+    flaky = Flaky(0)
+    tries: list[int] = []
+    built: list[bool] = []
     answer = await first_then_retrying(
         flaky, lambda: loop(3, tries, built), retry_exception=is_connection_error
     )
@@ -58,7 +60,9 @@ async def test_a_first_success_never_builds_the_loop() -> None:
 
 
 async def test_a_failed_first_try_counts_as_attempt_one_of_the_loop() -> None:
-    flaky, tries, built = Flaky(2), [], []
+    flaky = Flaky(2)
+    tries: list[int] = []
+    built: list[bool] = []
     answer = await first_then_retrying(
         flaky, lambda: loop(3, tries, built), retry_exception=is_connection_error
     )
@@ -66,14 +70,18 @@ async def test_a_failed_first_try_counts_as_attempt_one_of_the_loop() -> None:
 
 
 async def test_the_last_failure_propagates_after_every_attempt() -> None:
-    flaky, tries, built = Flaky(5), [], []
+    flaky = Flaky(5)
+    tries: list[int] = []
+    built: list[bool] = []
     with pytest.raises(ConnectionError):
         await first_then_retrying(flaky, lambda: loop(3, tries, built), retry_exception=is_connection_error)
     assert (flaky.calls, tries) == (3, [1, 2])
 
 
 async def test_an_error_the_policy_does_not_retry_propagates_at_once() -> None:
-    flaky, tries, built = Flaky(1, ValueError("bad")), [], []
+    flaky = Flaky(1, ValueError("bad"))
+    tries: list[int] = []
+    built: list[bool] = []
     with pytest.raises(ValueError):
         await first_then_retrying(flaky, lambda: loop(3, tries, built), retry_exception=is_connection_error)
     assert (flaky.calls, built) == (1, [])
@@ -92,8 +100,8 @@ async def test_a_retried_result_is_replayed_into_the_loop() -> None:
             stop=stop_after_attempt(2),
             wait=wait_none(),
             retry=retry_if_result(lambda s: s >= 500),
-            retry_error_callback=lambda state: state.outcome.result(),
-        )  # type: ignore[union-attr]
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+        )
 
     status = await first_then_retrying(
         attempt, retry_loop, retry_exception=is_connection_error, retry_result=lambda s: s >= 500
