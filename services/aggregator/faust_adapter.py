@@ -21,6 +21,9 @@ The workarounds:
 6. **A service that runs before table recovery ends** (``start_with_app``): faust starts
    ``@app.timer`` and ``@app.service`` only once the first table recovery is over, so a watchdog
    declared that way is silent while a recovery hangs (seen: 8+ minutes, /health 200).
+7. **Eager delivery** (``Consumer.wait_first``): faust hands each fetched message to its
+   stream through four new tasks; delivery starts at once here, and only a delivery that has to
+   wait takes faust's way.
 
 Only this module, ``app.py``, ``topics.py``, ``tables.py``, ``agents.py`` and ``worker.py``
 import faust; the processing core never does (``tests/unit/aggregator/test_layering.py``).
@@ -29,7 +32,8 @@ import faust; the processing core never does (``tests/unit/aggregator/test_layer
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Coroutine, Generator
 from typing import Any, Literal, cast
 
 import aiokafka
@@ -38,6 +42,7 @@ from faust import Stream
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT, StreamT
 from mode import ServiceT
+from mode.services import WaitResults
 
 from services.aggregator.offset_gaps import PartitionOffsets, describe, lowest_acked
 
@@ -107,6 +112,62 @@ class Consumer(faust_aiokafka.Consumer):
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return self.thread_class(self, loop=self.loop, beacon=self.beacon)
+
+    async def wait_first(self, *coros: Any, timeout: Any = None) -> Any:  # noqa: ASYNC109 - mode's signature
+        """mode's, except that a coroutine that finishes without suspending wins at once.
+
+        faust's consumer delivers every fetched message as ``wait_first(callback(message),
+        suspend_flow.wait())``: mode wraps the delivery, that wait and the consumer's stopped and
+        crashed waits in four tasks, waits for the first, and cancels the other three. Delivery
+        (putting the event in the stream's queue) almost never suspends, so that was ~12 event
+        loop callbacks per result and the largest share of the aggregator's CPU (cProfile,
+        2026-12-01, docs/benchmarks.md). Here the first coroutine runs at once when the consumer
+        is neither stopping nor suspending flow; if it suspends (the stream's buffer is full) it
+        goes on, from where it stopped, through mode's ``wait_first`` as before. The message
+        then is delivered exactly as faust would deliver it.
+        Canary: ``test_faust_still_delivers_each_message_through_wait_first``.
+        """
+        first = coros[0] if coros else None
+        if not (
+            inspect.iscoroutine(first)
+            and timeout is None
+            and not (self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set())
+        ):
+            return await super().wait_first(*coros, timeout=timeout)
+        try:
+            suspended_on = first.send(None)
+        except StopIteration as done:
+            for other in coros[1:]:
+                if inspect.iscoroutine(other):
+                    other.close()  # never started
+            return WaitResults([first], [done.value], False)
+        return await super().wait_first(_Resumed(first, suspended_on), *coros[1:])
+
+
+class _Resumed:
+    """The rest of a coroutine that was started by hand and suspended on ``suspended_on``:
+    awaiting this hands that future to the awaiting task, then drives the coroutine as
+    ``await coro`` would have (what the task sends or throws in is passed on)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], suspended_on: Any) -> None:
+        self._coro = coro
+        self._suspended_on = suspended_on
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, pending = self._coro, self._suspended_on
+        while True:
+            try:
+                sent = yield pending
+            except BaseException as exc:  # passed on, as ``await`` does
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    pending = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
 
 
 def transport_class(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:

@@ -34,6 +34,7 @@ from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
 from shared.kafka import decode
 from shared.protocol.messages import RequestMessage, ResultMessage
+from shared.retries import first_then_retrying
 from shared.settings import InferenceSettings, KafkaSettings
 from shared.topics import model_slug, requests_topic, results_topic
 
@@ -250,15 +251,20 @@ class RequestConsumer:
             error = state.outcome.exception() if state.outcome else None
             log.warning("publishing a result failed (try %d): %r", state.attempt_number, error, extra=context)
 
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.publish_attempts),
-            wait=wait_random_exponential(multiplier=0.2, max=self.publish_retry_max_wait_s),
-            retry=retry_if_exception_type(KafkaError),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
+        def retrying() -> AsyncRetrying:  # built only when the first try failed
+            return AsyncRetrying(
+                stop=stop_after_attempt(self.publish_attempts),
+                wait=wait_random_exponential(multiplier=0.2, max=self.publish_retry_max_wait_s),
+                retry=retry_if_exception_type(KafkaError),
+                before_sleep=before_sleep,
+                reraise=True,
+            )
+
+        async def attempt() -> Any:
+            return await self.producer.send_and_wait(topic, value, key=key)
+
         try:
-            await retrying(self.producer.send_and_wait, topic, value, key=key)
+            await first_then_retrying(attempt, retrying, retry_exception=_is_kafka_error)
         except KafkaError:
             metrics.PUBLISH_FAILURES.inc()
             log.error("publishing a result failed for good; stopping uncommitted", extra=context)
@@ -305,6 +311,10 @@ class RequestConsumer:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _is_kafka_error(exc: Exception) -> bool:
+    return isinstance(exc, KafkaError)
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -38,6 +38,7 @@ from shared.protocol.messages import (
     ResultMessage,
     SamplingDefaults,
 )
+from shared.retries import first_then_retrying
 from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class EngineRetry:
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_random_exponential(multiplier=self.wait_s, max=self.max_wait_s),
-            retry=retry_if_result(lambda answer: answer.transient) | retry_if_exception(_may_pass),
+            retry=retry_if_result(_transient) | retry_if_exception(_may_pass),
             before_sleep=partial(_log_retry, context),
             retry_error_callback=partial(_give_up, context),
         )
@@ -116,6 +117,10 @@ class EngineRetry:
             wait_s=settings.engine_retry_wait_s,
             max_wait_s=settings.engine_retry_max_wait_s,
         )
+
+
+def _transient(answer: Answer) -> bool:
+    return answer.transient
 
 
 def _may_pass(exc: BaseException) -> bool:
@@ -173,7 +178,7 @@ class RequestHandler:
         """
         reason = self._never_run_reason(message)
         if reason is not None:
-            metrics.REQUESTS.labels(status=reason[0]).inc()
+            metrics.requests_with(reason[0]).inc()
             return never_ran(message, *reason)
         run_id = new_id("req_")
         batch_id = message.batch_id
@@ -183,7 +188,7 @@ class RequestHandler:
         try:
             answer = await self._answer(message, run_id)
         except RequestAborted:  # only cancel_batch aborts, and only a cancelled batch's lines
-            metrics.REQUESTS.labels(status="batch_cancelled").inc()
+            metrics.requests_with("batch_cancelled").inc()
             return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
         finally:
             if batch_id:
@@ -213,18 +218,22 @@ class RequestHandler:
         apply_defaults(message.url, body, message.defaults)
         limit = context_limit(body, message.defaults)
         body["model"] = self.engine.model_id
-        retrying = self.retry.retrying({"batch_id": message.batch_id, "custom_id": message.custom_id})
 
         async def attempt() -> Answer:
             if self.control.cancelled(message.batch_id):
                 raise RequestAborted(run_id)  # cancelled while waiting to try again
             return await self.engine.run(message.url, body, run_id, max_context_length=limit)
 
-        return await retrying(attempt)  # type: ignore[no-any-return]
+        def retrying() -> AsyncRetrying:  # built only when the first try failed
+            return self.retry.retrying({"batch_id": message.batch_id, "custom_id": message.custom_id})
+
+        return await first_then_retrying(
+            attempt, retrying, retry_exception=_may_pass, retry_result=_transient
+        )
 
     @staticmethod
     def _count(answer: Answer) -> None:
-        metrics.REQUESTS.labels(status=str(answer.status)).inc()
+        metrics.requests_with(str(answer.status)).inc()
         if answer.ok and answer.usage is not None:
             metrics.PROMPT_TOKENS.inc(answer.usage.prompt_tokens)
             metrics.GENERATED_TOKENS.inc(answer.usage.completion_tokens)

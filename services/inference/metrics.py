@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import Counter, Gauge
 
 REQUESTS = Counter(
@@ -9,6 +11,15 @@ REQUESTS = Counter(
     "Request messages processed, by outcome (HTTP-like status, or the never-ran error code).",
     ["status"],
 )
+
+
+@functools.cache
+def requests_with(status: str) -> Counter:
+    """``REQUESTS`` for one status, looked up once (``labels`` takes a lock and builds a key
+    per call, a few percent of the worker's CPU per line with the instant engine)."""
+    return REQUESTS.labels(status=status)
+
+
 STARTED = Counter(
     "batchstream_inference_started_total",
     "Requests handed to the engine (lines answered without running are not counted).",

@@ -191,3 +191,56 @@ async def test_a_dependency_starts_before_on_started() -> None:
     await starting
     await parent.stop()
     assert events == ["child started", "parent stopped", "child stopped"]
+
+
+# --- 7. eager delivery
+
+
+def test_faust_still_delivers_each_message_through_wait_first() -> None:
+    """Canary: the per-message race the eager path shortcuts."""
+    source = inspect.getsource(faust_aiokafka.Consumer._drain_messages)
+    assert "self.wait_first(" in source and "callback(message), self.suspend_flow.wait()" in source
+
+
+class Delivery:
+    """A stand-in delivery callback: finishes at once, or waits until ``release`` is set."""
+
+    def __init__(self, release: asyncio.Event | None = None) -> None:
+        self.release = release
+        self.delivered: list[int] = []
+
+    async def __call__(self, message: int) -> int:
+        if self.release is not None:
+            await self.release.wait()
+        self.delivered.append(message)
+        return message
+
+
+async def test_a_delivery_that_does_not_wait_is_done_when_wait_first_returns() -> None:
+    consumer = cast(Any, app.consumer)
+    deliver = Delivery()
+    results = await consumer.wait_first(deliver(1), consumer.suspend_flow.wait())
+    assert deliver.delivered == [1] and results.results == [1] and not results.stopped
+
+
+async def test_a_delivery_that_waits_goes_on_from_where_it_stopped() -> None:
+    consumer = cast(Any, app.consumer)
+    release = asyncio.Event()
+    deliver = Delivery(release)
+    waiting = asyncio.ensure_future(consumer.wait_first(deliver(2), consumer.suspend_flow.wait()))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and deliver.delivered == []
+    release.set()
+    results = await asyncio.wait_for(waiting, 5)
+    assert deliver.delivered == [2] and results.results == [2]
+
+
+async def test_suspended_flow_still_wins_over_a_waiting_delivery() -> None:
+    consumer = cast(Any, app.consumer)
+    deliver = Delivery(asyncio.Event())
+    consumer.suspend_flow.set()
+    try:
+        results = await asyncio.wait_for(consumer.wait_first(deliver(3), consumer.suspend_flow.wait()), 5)
+    finally:
+        consumer.suspend_flow.clear()
+    assert deliver.delivered == [] and results.results == [True]  # the flow wait won
