@@ -40,9 +40,9 @@ from shared.topics import model_slug, requests_topic, results_topic
 log = logging.getLogger(__name__)
 
 # The api's dispatcher meters the requests topic by this group's committed offsets: a finished line
-# counts as still queued until it is committed (docs/dispatcher.md). Committing every 0.5 s held the
-# instant engine's big batch short of lines between commits; a commit is one small request, and
-# the poll timeout also bounds how long finished lines wait for one while no new lines come.
+# counts as still queued until it is committed (docs/dispatcher.md). At 0.5 s a line of the instant
+# engine counted ~1.2 s and the topic was refilled in steps; a commit is one small request. The
+# poll timeout also bounds how long finished lines wait for a commit while no new lines come.
 COMMIT_INTERVAL_S = 0.1
 POLL_TIMEOUT_MS = 100
 
