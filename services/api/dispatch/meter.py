@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -121,6 +122,9 @@ class Backlog:
         return max(0, fill, share)
 
 
+MEMBERS_EVERY_S = 1.0  # workers join and leave rarely: the offsets are read far more often
+
+
 class GroupProbe:
     """Reads a consumer group's committed offsets and member count with one admin client."""
 
@@ -128,6 +132,7 @@ class GroupProbe:
         self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
         self._started = False
         self._describe_works = True
+        self._members: dict[str, tuple[float, int]] = {}  # group -> (read at, members)
 
     async def read(self, group: str, topic: str, partitions: int) -> tuple[dict[int, int], int]:
         """Committed offsets of ``topic``'s partitions (named: Tansu misreads "all") and members."""
@@ -141,9 +146,17 @@ class GroupProbe:
             for tp, meta in offsets.items()
             if tp.topic == topic and meta.offset >= 0
         }
-        return committed, await self._members(group)
+        return committed, await self._members_cached(group)
 
-    async def _members(self, group: str) -> int:
+    async def _members_cached(self, group: str) -> int:
+        now = time.monotonic()
+        read_at, members = self._members.get(group, (float("-inf"), 1))
+        if now - read_at >= MEMBERS_EVERY_S:
+            members = await self._read_members(group)
+            self._members[group] = (now, members)
+        return members
+
+    async def _read_members(self, group: str) -> int:
         if not self._describe_works:
             return 1
         try:
