@@ -10,10 +10,12 @@ The target keeps every worker's in-flight window full with a little more to spar
 ``worker_window`` per group member (read from the group, so it adapts as workers join and leave)
 plus what the group commits (its measured rate) in ``backlog_seconds`` and in ``commit_lag_s`` (a
 line stays in the measured backlog until its worker commits, every 0.1 s, and the next probe);
-never below ``min_backlog`` nor above ``max_backlog``. When the group has committed everything
-sent up to the previous probe while lines wait, the workers took all they were given and may
-have run dry between commits: the target doubles (a slow start, so a fast engine is not held to
-the rate measured while it warmed up), and relaxes back once older lines wait again.
+never below ``min_backlog`` nor above ``max_backlog``. The rate feeds the target, so while a
+line spends less time in the measured backlog than ``backlog_seconds + commit_lag_s`` the target
+keeps growing with the rate: the workers, not the target, set the pace. When the group has
+committed everything while lines wait, the workers may have run dry: the target doubles (a slow
+start, so a fast engine is not held to the rate measured while it warmed up), and relaxes back
+otherwise.
 The pure part is :class:`Backlog`; :class:`GroupProbe` reads the broker.
 """
 
@@ -49,7 +51,6 @@ class Backlog:
     rate: float = 0.0  # lines the group commits per second, over the last RATE_WINDOW_S
     _history: deque[tuple[float, int]] = field(default_factory=deque)
     _target: float = 0.0
-    _probed_ends: dict[int, int] = field(default_factory=dict)  # the ends at the previous probe
 
     def produced(self, partition: int, offset: int) -> None:
         """A send acknowledged at ``offset`` (acks come in offset order per partition; taking the
@@ -59,11 +60,10 @@ class Backlog:
     def observe(self, committed: dict[int, int], members: int, now: float, waiting: bool = True) -> None:
         """A probe's answer: committed offsets per partition and the group's member count.
 
-        ``waiting``: lines are queued for the topic. If the group ran dry (below) the target
-        doubles (slow start); otherwise it relaxes towards what the rate needs.
+        ``waiting``: lines are queued for the topic. If the group had committed everything (the
+        workers ran dry between two commits) the target doubles (slow start); otherwise it
+        relaxes towards what the rate needs.
         """
-        drained = self._drained(committed)
-        self._probed_ends = dict(self.ends)
         self.committed.update(committed)
         self.members = max(1, members)
         total = sum(self.committed.values())
@@ -73,26 +73,11 @@ class Backlog:
         (first_at, first), (last_at, last) = self._history[0], self._history[-1]
         self.rate = max(0, last - first) / (last_at - first_at) if last_at > first_at else 0.0
         needed = self._needed
-        if waiting and drained:  # at most 4x what the rate asks: a ramp, not a flood
+        if waiting and self.lag == 0:  # at most 4x what the rate asks: a ramp, not a flood
             grown = min(max(2 * self._target, self.min_backlog), 4 * needed)
             self._target = min(self.max_backlog, max(needed, grown))
         else:
             self._target = max(needed, 0.8 * self._target)
-
-    def _drained(self, committed: dict[int, int]) -> bool:
-        """Did the group run dry? It committed everything sent, or everything sent up to the
-        previous probe while what is left is less than the target (the lines sent since: the
-        workers keep up with all we give them, so the target, not the workers, set the pace)."""
-        if not self.ends:
-            return False
-        done = {**self.committed, **committed}
-        lag = sum(max(0, end - done.get(p, 0)) for p, end in self.ends.items())
-        if lag == 0:
-            return True
-        caught_up = bool(self._probed_ends) and all(
-            done.get(p, 0) >= end for p, end in self._probed_ends.items()
-        )
-        return caught_up and lag < self.target
 
     @property
     def _needed(self) -> float:
