@@ -178,6 +178,10 @@ class InferenceSettings(BaseSettings):
     fetch_max_wait_ms: int = 100
     """How long an idle fetch may wait for requests. Tansu holds a fetch this long even when
     records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines)."""
+    commit_interval_s: float = Field(default=0.1, gt=0)
+    """How often the worker commits the offsets of finished lines. The api's dispatcher counts a
+    line as queued until it is committed, so a longer interval keeps the topic emptier than the
+    workers need (docs/dispatcher.md); each commit is one small request."""
     group_id: str = ""
     """Consumer group of the model's workers. Default: ``batchstream-inference-<model>``."""
     engine_attempts: int = Field(default=3, ge=1)

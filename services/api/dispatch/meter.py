@@ -9,10 +9,13 @@ count too; lines sent after it are seen at our next send.
 The target keeps every worker's in-flight window full with a little more to spare: one
 ``worker_window`` per group member (read from the group, so it adapts as workers join and leave)
 plus what the group commits (its measured rate) in ``backlog_seconds`` and in ``commit_lag_s`` (a
-line stays in the measured backlog until its worker commits, up to 0.5 s after it ran); never
-below ``min_backlog`` nor above ``max_backlog``. When the group has committed everything while
-lines wait, the workers may have run dry: the target doubles (a slow start, so a fast engine is
-not held to the rate measured while it warmed up), and relaxes back otherwise.
+line stays in the measured backlog until its worker commits, every 0.1 s, and the next probe);
+never below ``min_backlog`` nor above ``max_backlog``. The rate feeds the target, so while a
+line spends less time in the measured backlog than ``backlog_seconds + commit_lag_s`` the target
+keeps growing with the rate: the workers, not the target, set the pace. When the group has
+committed everything while lines wait, the workers may have run dry: the target doubles (a slow
+start, so a fast engine is not held to the rate measured while it warmed up), and relaxes back
+otherwise.
 The pure part is :class:`Backlog`; :class:`GroupProbe` reads the broker.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -28,7 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 log = logging.getLogger(__name__)
 
-RATE_WINDOW_S = 2.0  # the committed offsets move in steps (workers commit every 0.5 s): smooth
+RATE_WINDOW_S = 1.0  # the committed offsets move in steps (workers commit every 0.1 s): smooth
 
 
 @dataclass
@@ -39,7 +43,7 @@ class Backlog:
     backlog_seconds: float
     min_backlog: int
     direct_weight: float = 1.0
-    commit_lag_s: float = 0.7
+    commit_lag_s: float = 0.3
     max_backlog: int = 20_000
     ends: dict[int, int] = field(default_factory=dict)
     committed: dict[int, int] = field(default_factory=dict)
@@ -103,6 +107,9 @@ class Backlog:
         return max(0, fill, share)
 
 
+MEMBERS_EVERY_S = 1.0  # workers join and leave rarely: the offsets are read far more often
+
+
 class GroupProbe:
     """Reads a consumer group's committed offsets and member count with one admin client."""
 
@@ -110,6 +117,7 @@ class GroupProbe:
         self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
         self._started = False
         self._describe_works = True
+        self._members: dict[str, tuple[float, int]] = {}  # group -> (read at, members)
 
     async def read(self, group: str, topic: str, partitions: int) -> tuple[dict[int, int], int]:
         """Committed offsets of ``topic``'s partitions (named: Tansu misreads "all") and members."""
@@ -123,9 +131,17 @@ class GroupProbe:
             for tp, meta in offsets.items()
             if tp.topic == topic and meta.offset >= 0
         }
-        return committed, await self._members(group)
+        return committed, await self._members_cached(group)
 
-    async def _members(self, group: str) -> int:
+    async def _members_cached(self, group: str) -> int:
+        now = time.monotonic()
+        read_at, members = self._members.get(group, (float("-inf"), 1))
+        if now - read_at >= MEMBERS_EVERY_S:
+            members = await self._read_members(group)
+            self._members[group] = (now, members)
+        return members
+
+    async def _read_members(self, group: str) -> int:
         if not self._describe_works:
             return 1
         try:

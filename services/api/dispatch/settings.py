@@ -34,17 +34,19 @@ class DispatchSettings(BaseSettings):
     """Weight of direct-Kafka requests (pipelines) against batch lines (weight 1) in the topic."""
     worker_window: int = 128
     """In-flight lines counted per consumer-group member in the topic backlog target."""
-    backlog_seconds: float = 0.5
-    """The backlog target also holds what the group finishes in this many seconds."""
+    backlog_seconds: float = 0.25
+    """The backlog target also holds what the group finishes in this many seconds (lines waiting
+    for a worker: a batch created now waits about this long behind the others' lines)."""
     min_backlog: int = 64
     """Smallest topic backlog target, in lines."""
     max_backlog: int = 20_000
     """Largest topic backlog target, in lines."""
-    commit_lag_s: float = 0.7
-    """How long a finished line stays in the measured backlog (the workers commit every 0.5 s)."""
+    commit_lag_s: float = 0.3
+    """How long a finished line stays in the measured backlog: the workers commit every 0.1 s, a
+    worker waiting for lines polls up to 0.2 s, and the offsets are read every ``meter_seconds``."""
     group_prefix: str = "batchstream-inference-"
     """The inference consumer group of a model: this prefix plus the model's topic slug."""
-    meter_seconds: float = 0.2
+    meter_seconds: float = 0.1
     """How often the consumer group's committed offsets are read."""
     lease_ttl_s: float = 5.0
     """One active dispatcher per model: a lease in MongoDB that lapses this long after its last

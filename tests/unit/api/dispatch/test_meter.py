@@ -61,3 +61,13 @@ def test_direct_kafka_lines_neither_starve_nor_are_jumped() -> None:
     heavier_direct.observe({0: 0}, members=1, now=0.0, waiting=False)
     heavier_direct.produced(0, 399)  # 400 in the topic, none ours
     assert heavier_direct.allowance(ours_in_topic=0) == 100  # 400 / 4
+
+
+def test_the_target_does_not_grow_while_older_lines_still_wait() -> None:
+    clock = FakeClock()
+    meter = backlog(max_backlog=5000, backlog_seconds=0.0, commit_lag_s=0.0)
+    meter.produced(0, 999)
+    for step in range(6):  # the group stays behind what was sent before each look
+        meter.observe({0: 100 * step}, members=1, now=clock(), waiting=True)
+        clock.advance(0.1)
+    assert meter.target == 100  # one worker's window: no growth
