@@ -225,6 +225,17 @@ def _aggregator(stack: Stack) -> Component:
     )
 
 
+# The local stack's workers: static membership under the component's name (a restarted worker
+# takes its partitions back at once), and Kafka's shortest session by default with a 1 s
+# heartbeat, so the partitions of a frozen worker move to another in seconds and a live worker
+# hears of a rebalance within a second. A second worker of one model on the same broker needs
+# another BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID. The caller's environment or extra_env wins.
+INFERENCE_SESSION_DEFAULTS = {
+    "BATCHSTREAM_INFERENCE_SESSION_TIMEOUT_S": "6",
+    "BATCHSTREAM_INFERENCE_HEARTBEAT_INTERVAL_S": "1",
+}
+
+
 def _inference(stack: Stack, n: int, model: ModelSpec) -> Component:
     port = stack.ports.inference + n
     env = {
@@ -246,10 +257,14 @@ def _inference(stack: Stack, n: int, model: ModelSpec) -> Component:
         key = "BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"
         env[key] = stack.extra_env.get(key, os.environ.get(key, "0"))
     python = stack.main_python if model.engine == "fake" else stack.inference_python
+    service_env = stack.service_env(**env)
+    defaults = {**INFERENCE_SESSION_DEFAULTS, "BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID": model.component}
+    for key, value in defaults.items():
+        service_env.setdefault(key, value)
     return Component(
         model.component,
         [python, "-m", "services.inference"],
-        stack.service_env(**env),
+        service_env,
         http_ready(f"http://127.0.0.1:{port}/health"),
         start_timeout_s=stack.inference_start_timeout_s,
         description=f"inference {model.served_name} ({model.path}) http://127.0.0.1:{port}/health",

@@ -129,12 +129,18 @@ def failed(fault: str, seed: int, lines: int, why: str) -> TrialResult:
 class ChaosStack:
     """A stack of its own with two fake-engine workers of one model (``worker`` and ``twin``)."""
 
-    def __init__(self, state_dir: Path, *, static_membership: bool = True) -> None:
+    def __init__(
+        self, state_dir: Path, *, static_membership: bool = True, static_workers: bool = True
+    ) -> None:
         env = dict(CHAOS_ENV)
         if not static_membership:  # the aggregator as it was before (to measure the difference)
             env["BATCHSTREAM_AGGREGATOR_GROUP_INSTANCE_ID"] = ""
             env["BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S"] = "60"  # faust's default
             env["BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S"] = "60"
+        if not static_workers:  # the workers as they were before: dynamic, aiokafka's timeouts
+            env["BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID"] = ""
+            env["BATCHSTREAM_INFERENCE_SESSION_TIMEOUT_S"] = "10"
+            env["BATCHSTREAM_INFERENCE_HEARTBEAT_INTERVAL_S"] = "3"
         self.stack = Stack(
             state_dir / "main",
             ports=free_ports(),
@@ -142,13 +148,18 @@ class ChaosStack:
             environment="test",
             extra_env=env,
         )
-        # The twin: the same topics, database and group, its own health port and state dir.
+        self.worker = self.stack.models[0].component
+        # The twin: the same topics, database and group, its own health port, state dir and
+        # member name (two static members with one name would fence each other out).
+        twin_env = dict(env)
+        if static_workers:
+            twin_env["BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID"] = f"{self.worker}-twin"
         self.twin = replace(
             self.stack,
             state_dir=state_dir / "twin",
             ports=replace(self.stack.ports, inference=free_ports().inference),
+            extra_env=twin_env,
         )
-        self.worker = self.stack.models[0].component
         self.client = OpenAI(
             base_url=self.stack.base_url, api_key=self.stack.api_key, max_retries=10, timeout=30
         )
