@@ -181,7 +181,8 @@ class InferenceSettings(BaseSettings):
     """Static group membership (Kafka's ``group.instance.id``): a name that stays the same across
     restarts of one worker and differs between the workers of a model (the local stack uses the
     component name, ``inference-<model>``). A worker restarted within ``session_timeout_s`` takes
-    its partitions back at once, instead of waiting for the killed member to be dropped first.
+    the killed member's place and partitions (on Kafka at once, without a rebalance) instead of
+    waiting for the killed member to be dropped first.
     Trade-off: a static member does not leave the group when it stops, so the partitions of a
     worker stopped for good (or rolled) move to the others only after ``session_timeout_s``. Two
     running workers must never share a name (the broker fences one out). Empty: dynamic membership."""
@@ -189,7 +190,7 @@ class InferenceSettings(BaseSettings):
     """How long the group waits without a heartbeat before a worker's partitions go to the others
     (a killed or frozen worker); also bounds how long a rebalance waits for a member. aiokafka's
     default; the local stack sets 6 (Kafka's lowest by default, ``group.min.session.timeout.ms``;
-    Tansu also holds each JoinGroup for half of it)."""
+    Tansu holds each JoinGroup for half of it, a static member's for all of it)."""
     heartbeat_interval_s: float = Field(default=3.0, gt=0)
     """How often a worker heartbeats, which is also how soon a live worker learns of a rebalance
     (one worker gone, another joining); below a third of ``session_timeout_s``. The local stack
