@@ -225,14 +225,14 @@ def _aggregator(stack: Stack) -> Component:
     )
 
 
-# The local stack's workers: static membership under the component's name, and Kafka's shortest
-# session by default with a 1 s heartbeat. Measured on Tansu with aiokafka (a member SIGKILLed,
-# a new one joining): a dynamic member was assigned after 11 s at a 6 s session (18 s at 10 s:
-# the rebalance waits for the dead member), a static one under the same name after 6 s (Tansu
-# holds a static member's JoinGroup for a whole session, a dynamic one's for half). The 6 s
-# session also moves a frozen worker's partitions to another within seconds. A second worker of
-# one model on the same broker needs another BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID. The
-# caller's environment or extra_env wins.
+# The local stack's workers: dynamic group members with Kafka's shortest session by default
+# (group.min.session.timeout.ms) and a 1 s heartbeat, so a killed or frozen worker's partitions
+# move within seconds and a live worker hears of a rebalance within a second. Not static members:
+# Tansu holds a static member's JoinGroup for about 6 s and does not hand a restarted member its
+# predecessor's place, so with two workers static membership was slower. Measured on Tansu with
+# aiokafka, 6 s session, time until every partition had an owner again: a lone member killed and
+# restarted 11 s dynamic / 6 s static; one of two killed and restarted 11 s / 16 s; one of two
+# frozen (SIGSTOP) 8.6 s / 12.5 s. The caller's environment or extra_env wins.
 INFERENCE_SESSION_DEFAULTS = {
     "BATCHSTREAM_INFERENCE_SESSION_TIMEOUT_S": "6",
     "BATCHSTREAM_INFERENCE_HEARTBEAT_INTERVAL_S": "1",
@@ -261,8 +261,7 @@ def _inference(stack: Stack, n: int, model: ModelSpec) -> Component:
         env[key] = stack.extra_env.get(key, os.environ.get(key, "0"))
     python = stack.main_python if model.engine == "fake" else stack.inference_python
     service_env = stack.service_env(**env)
-    defaults = {**INFERENCE_SESSION_DEFAULTS, "BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID": model.component}
-    for key, value in defaults.items():
+    for key, value in INFERENCE_SESSION_DEFAULTS.items():
         service_env.setdefault(key, value)
     return Component(
         model.component,

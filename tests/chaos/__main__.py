@@ -27,11 +27,11 @@ def main(
     dynamic_membership: Annotated[
         bool, typer.Option(help="The aggregator without a group instance id (as before the fix).")
     ] = False,
-    dynamic_workers: Annotated[
+    static_workers: Annotated[
         bool,
         typer.Option(
-            help="The inference workers without group instance ids, with aiokafka's session (10 s) "
-            "and heartbeat (3 s), as before the fix."
+            help="The inference workers as static group members (named after the component, the "
+            "second one '<component>-twin'); default: dynamic, as the local stack runs them."
         ),
     ] = False,
 ) -> None:
@@ -44,9 +44,7 @@ def main(
     print(f"chaos: {len(plan)} trials, {lines} lines each, plan seed {master}", flush=True)
     results: list[TrialResult] = []
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        chaos = ChaosStack(
-            Path(tmp), static_membership=not dynamic_membership, static_workers=not dynamic_workers
-        )
+        chaos = ChaosStack(Path(tmp), static_membership=not dynamic_membership, static_workers=static_workers)
         try:
             chaos.start()
             for name, trial_seed in plan:
