@@ -56,6 +56,19 @@ def group_id(settings: InferenceSettings, model_id: str) -> str:
     return settings.group_id or f"batchstream-inference-{model_slug(model_id)}"
 
 
+def consumer_options(settings: InferenceSettings) -> dict[str, Any]:
+    """``make_consumer`` options from the settings: a static group member when
+    ``group_instance_id`` is set (a restarted worker takes its partitions back without waiting for
+    its dead predecessor's session to expire), and the session and heartbeat that decide how fast a
+    killed or frozen worker's partitions move to the others."""
+    return {
+        "group_instance_id": settings.group_instance_id or None,
+        "session_timeout_ms": round(settings.session_timeout_s * 1000),
+        "heartbeat_interval_ms": round(settings.heartbeat_interval_s * 1000),
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+    }
+
+
 def make_consumer(kafka: KafkaSettings, group: str, **overrides: Any) -> AIOKafkaConsumer:
     options: dict[str, Any] = {
         "bootstrap_servers": kafka.bootstrap_servers,
@@ -125,9 +138,7 @@ class RequestConsumer:
         drain_timeout_s: float = 30.0,
     ) -> RequestConsumer:
         model_id = handler.engine.model_id
-        consumer = make_consumer(
-            kafka, group_id(inference, model_id), fetch_max_wait_ms=inference.fetch_max_wait_ms
-        )
+        consumer = make_consumer(kafka, group_id(inference, model_id), **consumer_options(inference))
         return cls(
             consumer,
             producer,

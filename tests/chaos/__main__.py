@@ -27,6 +27,13 @@ def main(
     dynamic_membership: Annotated[
         bool, typer.Option(help="The aggregator without a group instance id (as before the fix).")
     ] = False,
+    static_workers: Annotated[
+        bool,
+        typer.Option(
+            help="The inference workers as static group members (named after the component, the "
+            "second one '<component>-twin'); default: dynamic, as the local stack runs them."
+        ),
+    ] = False,
 ) -> None:
     names = fault or list(FAULTS)
     unknown = [n for n in names if n not in FAULTS]
@@ -37,7 +44,7 @@ def main(
     print(f"chaos: {len(plan)} trials, {lines} lines each, plan seed {master}", flush=True)
     results: list[TrialResult] = []
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        chaos = ChaosStack(Path(tmp), static_membership=not dynamic_membership)
+        chaos = ChaosStack(Path(tmp), static_membership=not dynamic_membership, static_workers=static_workers)
         try:
             chaos.start()
             for name, trial_seed in plan:

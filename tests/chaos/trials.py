@@ -129,26 +129,30 @@ def failed(fault: str, seed: int, lines: int, why: str) -> TrialResult:
 class ChaosStack:
     """A stack of its own with two fake-engine workers of one model (``worker`` and ``twin``)."""
 
-    def __init__(self, state_dir: Path, *, static_membership: bool = True) -> None:
+    def __init__(
+        self, state_dir: Path, *, static_membership: bool = True, static_workers: bool = False
+    ) -> None:
         env = dict(CHAOS_ENV)
         if not static_membership:  # the aggregator as it was before (to measure the difference)
             env["BATCHSTREAM_AGGREGATOR_GROUP_INSTANCE_ID"] = ""
             env["BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S"] = "60"  # faust's default
             env["BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S"] = "60"
+        model = ModelSpec("", MODEL, engine="fake")
+        self.worker = model.component
+        twin_env = dict(env)
+        if static_workers:  # static members: one name each (one name twice fences one out)
+            env["BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID"] = self.worker
+            twin_env["BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID"] = f"{self.worker}-twin"
         self.stack = Stack(
-            state_dir / "main",
-            ports=free_ports(),
-            models=[ModelSpec("", MODEL, engine="fake")],
-            environment="test",
-            extra_env=env,
+            state_dir / "main", ports=free_ports(), models=[model], environment="test", extra_env=env
         )
         # The twin: the same topics, database and group, its own health port and state dir.
         self.twin = replace(
             self.stack,
             state_dir=state_dir / "twin",
             ports=replace(self.stack.ports, inference=free_ports().inference),
+            extra_env=twin_env,
         )
-        self.worker = self.stack.models[0].component
         self.client = OpenAI(
             base_url=self.stack.base_url, api_key=self.stack.api_key, max_retries=10, timeout=30
         )
