@@ -22,7 +22,11 @@ class Mongo:
         without it a MongoDB that stops answering on an open connection hangs a call for good."""
         options: dict[str, Any] = {"timeoutMS": int(timeout_s * 1000)} if timeout_s else {}
         self.client: AsyncMongoClient[Document] = AsyncMongoClient(
-            settings.uri, serverSelectionTimeoutMS=5000, tz_aware=False, **options
+            settings.uri,
+            serverSelectionTimeoutMS=5000,
+            tz_aware=False,
+            journal=settings.journal,
+            **options,
         )
         self.db: AsyncDatabase[Document] = self.client[settings.database]
 

@@ -73,6 +73,13 @@ class MongoSettings(BaseSettings):
     """MongoDB connection string."""
     database: str = "batchstream"
     """Database that holds batchstream's collections."""
+    journal: bool = True
+    """Acknowledge a write only once it is in the journal (write concern ``j: true``), so a MongoDB
+    killed right after acknowledging it keeps it. Measured on the local stack's server: with
+    ``false``, a SIGKILL lost every write since its last checkpoint (200 of 200 upserts), which
+    once left a batch ``in_progress`` that the aggregator had already completed; with ``true`` it
+    lost none, at no measurable cost there. A replica set's ``w: majority`` writes are journaled
+    anyway."""
 
 
 class StorageSettings(BaseSettings):
