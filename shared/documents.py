@@ -64,6 +64,7 @@ INTERNAL_BATCH_FIELDS = {
     "dispatchable",
     "dispatch_settled",
     "seen_lines",
+    "end_recorded",
 }
 
 
@@ -98,6 +99,7 @@ class BatchDocument(StoredDocument):
     dispatchable: bool = False
     dispatch_settled: bool = False
     seen_lines: bytes | None = None
+    end_recorded: bool | None = None  # False from a terminal move until its end listener ran
 
     def output_files_expire_at(self) -> int | None:
         """When the output and error files expire: ``output_expires_after`` from its anchor (the

@@ -327,3 +327,6 @@ class WebhookSettings(BaseSettings):
     ``timeout_s``), so two workers never send the same attempt at once."""
     concurrency: int = Field(default=8, ge=1)
     """Events one aggregator sends at once."""
+    missed_end_after_s: float = Field(default=30.0, gt=0)
+    """A batch that ended this long ago and whose event was never recorded (the process that
+    ended it was killed between the two writes) gets its event recorded by the aggregator."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from services.aggregator.webhooks import WebhookDeliverer
 from shared.mongo import Mongo
 from shared.settings import MongoSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
+from shared.stores.batches import BatchStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
 
@@ -43,6 +45,7 @@ class Runtime:
         webhook_events = WebhookEventStore(self.mongo.webhook_events)
         recorder = EventRecorder(webhook_events, self.webhook_settings.endpoints)
         self.webhooks = WebhookDeliverer(webhook_events, self.webhook_settings)
+        self.ended_batches = BatchStore(self.mongo.batches, recorder.batch_ended)
         self.finalizer = Finalizer(
             batches=self.mongo.batches,
             files=self.mongo.files,
@@ -75,6 +78,17 @@ class Runtime:
         """One chunk of raw result values through the processor (the bucket made first)."""
         await self.ensure_bucket()
         await self.processor.process(values)
+
+    async def record_missed_ends(self, limit: int = 100) -> int:
+        """Record the events of batches ended by a process killed before it recorded them
+        (``BatchStore.unrecorded_ends``); returns how many."""
+        cutoff = time.time() - self.webhook_settings.missed_end_after_s
+        missed = await self.ended_batches.unrecorded_ends(cutoff, limit)
+        for batch in missed:
+            await self.ended_batches.announce_end(batch)
+        if missed:
+            log.warning("recorded missed batch ends", extra={"batch_ids": [b.id for b in missed]})
+        return len(missed)
 
     async def healthy(self) -> bool:
         try:

@@ -67,10 +67,12 @@ class AggregatorWorker(Service):
                 log.exception("stall check failed; trying again at the next one")
 
     async def _deliver_webhooks(self, runtime: Runtime) -> None:
-        """Send due webhook events (``webhooks.py``); from start to stop, rebalances included."""
+        """Record missed batch ends, then send due webhook events (``webhooks.py``); from start
+        to stop, rebalances included."""
         poll = runtime.webhook_settings.poll_seconds
         async for _ in self.itertimer(poll, name="webhooks"):
             try:
+                await runtime.record_missed_ends()
                 await runtime.webhooks.deliver_due()
             except Exception:
                 log.exception("webhook delivery failed; trying again at the next poll")

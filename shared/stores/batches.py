@@ -152,17 +152,30 @@ class BatchStore:
         if self._on_end is None or target not in lifecycle.TERMINAL:
             result = await self._batches.update_one(guard, {"$set": update})
             return result.modified_count > 0
+        # ``end_recorded`` is False from the move until the listener has run, in the same update
+        # as the move: a process killed in between leaves a mark ``unrecorded_ends`` finds.
+        update["end_recorded"] = False
         before = await self._batches.find_one_and_update(guard, {"$set": update}, projection={"project": 1})
         if before is None:
             return False
         await self._on_end(batch_id, str(before.get("project") or "default"), target)
+        await self._batches.update_one({"_id": batch_id}, {"$set": {"end_recorded": True}})
         return True
 
     async def announce_end(self, batch: BatchDocument) -> None:
         """Call the end listener again for a batch found terminal (a finalize repeated after a
-        crash between the move and the listener; the recorder stores an event once)."""
+        crash between the move and the listener, or ``unrecorded_ends``; the recorder stores an
+        event once)."""
         if self._on_end is not None and batch.status in lifecycle.TERMINAL:
             await self._on_end(batch.id, batch.project, batch.status)
+            await self._batches.update_one({"_id": batch.id}, {"$set": {"end_recorded": True}})
+
+    async def unrecorded_ends(self, ended_before: float, limit: int) -> list[BatchDocument]:
+        """Batches that ended before ``ended_before`` whose end listener never ran (the process
+        that moved them was killed first): to be announced again."""
+        ended = [{"status": s, f"{s}_at": {"$lt": ended_before}} for s in sorted(lifecycle.TERMINAL)]
+        cursor = self._batches.find({"end_recorded": False, "$or": ended}, limit=limit)
+        return [BatchDocument.model_validate(doc) async for doc in cursor]
 
     async def start(self, batch_id: str, model: str | None, total: int) -> bool:
         """validating -> in_progress, with the model and the number of request lines."""

@@ -176,3 +176,30 @@ async def test_an_output_file_upsert_keeps_its_first_creation_time(files: FileSt
     await files.upsert(FileDocument.of(again, "p", "k"))
     stored = await files.get(file_id)
     assert stored is not None and stored.bytes == 2 and stored.created_at == 100
+
+
+async def test_an_end_whose_listener_never_ran_is_found_and_announced_once(mongo: Mongo) -> None:
+    """The process that ended a batch is killed between the move and its end listener (the
+    webhook event recorder): the batch is marked, found once its end is old enough, and announced."""
+    announced: list[tuple[str, str, str]] = []
+
+    async def killed_first(batch_id: str, project: str, status: str) -> None:
+        raise RuntimeError("killed before the event was recorded")
+
+    async def recorder(batch_id: str, project: str, status: str) -> None:
+        announced.append((batch_id, project, status))
+
+    dying, sweeping = BatchStore(mongo.batches, killed_first), BatchStore(mongo.batches, recorder)
+    lost = await new_batch(dying, project="hooks")
+    with pytest.raises(RuntimeError):
+        await dying.fail(lost.id, [BatchError(code="invalid_json_line", message="bad", line=1)])
+    recorded = await new_batch(sweeping, project="hooks")
+    assert await sweeping.fail(recorded.id, [BatchError(code="x", message="y")])
+    assert announced == [(recorded.id, "hooks", "failed")]
+
+    assert await sweeping.unrecorded_ends(time.time() - 60, 100) == []  # not old enough yet
+    missed = await sweeping.unrecorded_ends(time.time() + 1, 100)
+    assert [b.id for b in missed] == [lost.id]
+    await sweeping.announce_end(missed[0])
+    assert announced[-1] == (lost.id, "hooks", "failed")
+    assert await sweeping.unrecorded_ends(time.time() + 1, 100) == []
