@@ -349,11 +349,12 @@ async def test_a_batch_left_finalizing_without_state_ends_from_its_chunks(
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 20,
     }  # what the last live counts flush wrote
-    started = {"finalizing_at": int(time.time()) - 3600, "usage": usage}
-    await clients.mongo.batches.update_one({"_id": batch_id}, {"$set": started})
     results = [make_result(batch_id, n, 400 if n == 4 else 200) for n in range(1, 6)]
     chunk = f"{result_chunk_prefix(batch_id)}{time.time_ns():020d}-test.chunk"
     await clients.store.put_bytes(chunk, encode_chunk(results))
+    # Overdue only now, with its chunk in place: the sweep (every second) may find it at once.
+    started = {"finalizing_at": int(time.time()) - 3600, "usage": usage}
+    await clients.mongo.batches.update_one({"_id": batch_id}, {"$set": started})
 
     doc = await wait_status(clients.mongo, batch_id, "completed", 30)
     assert doc["request_counts"] == {"total": 5, "completed": 4, "failed": 1}
