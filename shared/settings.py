@@ -128,6 +128,12 @@ class ApiSettings(BaseSettings):
     """First wait between those tries, in seconds (exponential, with jitter)."""
     process_max_starts: int = Field(default=5, ge=1)
     """Starts (api restarts included) before a batch that never gets through ends ``failed``."""
+    input_copy_bytes: int = Field(default=2 * 1024**3, ge=0)
+    """Bytes of uploaded files the api keeps on its local disk, so that validating and dispatching
+    a batch read its input there instead of from object storage (least recently used go first;
+    0: none)."""
+    input_copy_dir: str = ""
+    """Directory for those copies, emptied at start; empty: a new temporary directory."""
 
     def project_by_key(self) -> dict[str, str]:
         """Map each configured key to its project (``default`` unless named)."""

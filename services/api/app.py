@@ -16,6 +16,7 @@ from prometheus_client import Counter, Histogram
 from services.api.dispatch.loop import Dispatcher
 from services.api.dispatch.settings import DispatchSettings
 from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
+from services.api.local_copies import LocalCopies, LocalFirstStore
 from services.api.openapi import install_openapi
 from services.api.routes import batches, files, health, models, partial
 from services.api.service.announcer import ControlAnnouncer
@@ -34,7 +35,6 @@ from shared.settings import (
     StorageSettings,
     WebhookSettings,
 )
-from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.idempotency import IdempotencyStore
@@ -53,7 +53,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     api_settings, kafka_settings = ApiSettings(), KafkaSettings()
     webhook_endpoints = WebhookSettings().endpoints  # a bad url or secret stops the start here
     mongo = Mongo(MongoSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
-    store = ObjectStore(StorageSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
+    copies = LocalCopies.at(api_settings.input_copy_dir, api_settings.input_copy_bytes)
+    store = LocalFirstStore(StorageSettings(), copies, timeout_s=DEPENDENCY_TIMEOUT_S)
     await wait_for_kafka(kafka_settings)
     producer = make_producer(kafka_settings, request_timeout_ms=int(DEPENDENCY_TIMEOUT_S * 1000))
     await producer.start()
@@ -102,6 +103,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         await producer.stop()
         await mongo.close()
+        copies.remove_all()
 
 
 async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

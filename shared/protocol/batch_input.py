@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -36,6 +37,23 @@ class BatchRequestInput(BaseModel):
     def parse(cls, raw: bytes) -> BatchRequestInput:
         """A line validation accepted (UTF-8 JSON; a file's leading BOM is dropped)."""
         return cls.model_validate(orjson.loads(raw.removeprefix(UTF8_BOM)))
+
+
+class RawRequestLine(msgspec.Struct):
+    """A line validation accepted, its ``body`` left as raw JSON bytes (the dispatcher forwards
+    it unread)."""
+
+    custom_id: str
+    url: str
+    body: msgspec.Raw
+
+
+_RAW_LINE = msgspec.json.Decoder(RawRequestLine)
+
+
+def parse_raw_line(raw: bytes) -> RawRequestLine:
+    """The envelope of a line validation accepted (a file's leading BOM is dropped)."""
+    return _RAW_LINE.decode(raw.removeprefix(UTF8_BOM))
 
 
 class RequestBody(BaseModel):

@@ -71,6 +71,37 @@ class RequestMessage(BaseModel):
     expires_at: float | None = Field(default=None, description="Unix seconds; not run after.")
 
 
+def request_message_json(
+    *,
+    request_id: str,
+    custom_id: str,
+    url: str,
+    body: bytes,
+    batch_id: str,
+    line: int,
+    defaults: dict[str, Any] | None,
+    expires_at: float | None,
+) -> bytes:
+    """A batch line's ``RequestMessage`` JSON with its ``body`` (a JSON object's raw bytes, as the
+    input line holds it) spliced in unparsed: the dispatcher's hot path. It reads as the same
+    message ``RequestMessage(...).model_dump_json()`` writes (tests/unit/protocol)."""
+    head = orjson.dumps(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "request_id": request_id,
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": url,
+            "batch_id": batch_id,
+            "line": line,
+            "reply_topic": None,
+            "defaults": defaults,
+            "expires_at": expires_at,
+        }
+    )
+    return b"".join((head[:-1], b',"body":', body, b"}"))
+
+
 def _json_bytes(value: Any) -> bytes:
     """Raw JSON bytes as they are (kept on one line); any other value serialised."""
     if isinstance(value, bytes | bytearray | memoryview | msgspec.Raw):

@@ -13,8 +13,8 @@ from services.api.dispatch.reader import InputLine
 from services.api.dispatch.state import QueuedState
 from shared import ids
 from shared.kafka import encode
-from shared.protocol.batch_input import BatchRequestInput
-from shared.protocol.messages import LineError, RequestMessage, ResultMessage
+from shared.protocol.batch_input import parse_raw_line
+from shared.protocol.messages import LineError, ResultMessage, request_message_json
 from shared.settings import KafkaSettings
 from shared.topics import results_topic
 
@@ -28,18 +28,18 @@ class LineSender:
 
     async def request(self, topic: str, batch: QueuedState, line: InputLine) -> asyncio.Future[Any]:
         """Hand the line's request to the producer; await the future for its acknowledgement."""
-        item = BatchRequestInput.parse(line.raw)
-        message = RequestMessage(
+        item = parse_raw_line(line.raw)
+        message = request_message_json(
             request_id=ids.batch_request_id(),
             custom_id=item.custom_id,
             url=item.url,
-            body=item.body,
+            body=bytes(item.body),
             batch_id=batch.batch_id,
             line=line.number,
-            defaults=batch.defaults,
+            defaults=batch.defaults_json,
             expires_at=batch.expires_at,
         )
-        return await self.producer.send(topic, encode(message))
+        return await self.producer.send(topic, message)
 
     async def lost(self, batch_id: str, lines: list[SentLine], raws: list[bytes]) -> None:
         """Publish each line's ``line_lost`` error result: the aggregator counts it like any."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from services.api.dispatch.journey import JourneyBook, SentLine
@@ -53,6 +54,11 @@ class QueuedState:
             emitted=bool(doc.get("emitted")),
             started=position.sent > 0,
         )
+
+    @cached_property
+    def defaults_json(self) -> dict[str, Any]:
+        """The defaults as each request message carries them (computed once per batch)."""
+        return self.defaults.model_dump()
 
     @property
     def remaining(self) -> int:

@@ -1,0 +1,61 @@
+"""The dispatcher's request messages (spliced, not serialised by pydantic) read as the model's."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+
+from shared.protocol.batch_input import UTF8_BOM, BatchRequestInput, parse_raw_line
+from shared.protocol.messages import RequestMessage, SamplingDefaults, request_message_json
+
+LINES = [
+    b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+    b'"body": {"model": "m", "messages": [{"role": "user", "content": "h\\u00e9\\nllo"}], "max_tokens": 3}}',
+    UTF8_BOM
+    + b'{"url": "/v1/embeddings", "custom_id": "b\\"q", "body": {"model": "m", "input": ["x"]}, "x": 1}',
+    b'{"custom_id": "c", "url": "/v1/completions", "body":\n {"model": "m",\n "prompt": "p", "n": 2}}',
+]
+
+
+@pytest.mark.parametrize("raw", LINES)
+@pytest.mark.parametrize(
+    "defaults,expires_at",
+    [(SamplingDefaults(), 1_900_000_000.5), (SamplingDefaults(temperature=0.5, top_k=-1), None)],
+)
+def test_a_spliced_request_message_equals_the_models(
+    raw: bytes, defaults: SamplingDefaults, expires_at: float | None
+) -> None:
+    item, envelope = BatchRequestInput.parse(raw), parse_raw_line(raw)
+    fields = {"request_id": "batch_req_1", "batch_id": "batch_1", "line": 7, "expires_at": expires_at}
+    spliced = request_message_json(
+        custom_id=envelope.custom_id,
+        url=envelope.url,
+        body=bytes(envelope.body),
+        defaults=defaults.model_dump(),
+        **fields,  # type: ignore[arg-type]
+    )
+    model = RequestMessage(
+        custom_id=item.custom_id, url=item.url, body=item.body, defaults=defaults, **fields
+    )
+
+    assert RequestMessage.model_validate_json(spliced) == model
+    assert orjson.loads(model.model_dump_json()) == orjson.loads(spliced)
+
+
+def test_the_body_reaches_the_message_exactly_as_written() -> None:
+    """Nothing is re-read: an integer over 64 bits stays that integer (a float before)."""
+    raw = b'{"custom_id": "c", "url": "/v1/completions", "body": {"seed": 123456789012345678901234}}'
+    envelope = parse_raw_line(raw)
+    spliced = request_message_json(
+        request_id="r",
+        custom_id=envelope.custom_id,
+        url=envelope.url,
+        body=bytes(envelope.body),
+        batch_id="b",
+        line=1,
+        defaults=None,
+        expires_at=None,
+    )
+    assert json.loads(spliced)["body"] == json.loads(raw)["body"]
