@@ -179,8 +179,9 @@ class InferenceSettings(BaseSettings):
     which the batch's ``usage.input_tokens_details.cached_tokens`` sums. Responses bodies always
     report it."""
     max_in_flight: int = 0
-    """Requests held by the worker at once; its partitions pause while full. 0: twice
-    ``max_num_seqs``."""
+    """Requests on the worker's engine at once (running or queued inside it); its partitions pause
+    while full. Results waiting for the broker's acknowledgement do not count (up to 4 times as
+    many more). 0: twice ``max_num_seqs``."""
     health_port: int = 0
     """Port of the worker's ``/health`` and ``/metrics``; 0: no health server."""
     health_host: str = "127.0.0.1"

@@ -1,12 +1,14 @@
 """The poll/commit loop: many requests in flight, results published, offsets committed in order.
 
-Each message becomes a task; when ``in_flight_limit`` tasks run, the assigned partitions are
-paused (``getmany`` keeps being called so the group stays alive) and resumed when there is room.
-A result is published, and its publish acknowledged by the broker, before its offset counts as
-done; a partition commits only up to its lowest offset still in flight (see
-``offsets.OffsetTracker``). A publish the broker refuses or does not confirm is tried again
-(bounded, random exponential backoff); when every try fails the worker stops without that line's
-offset committed, and whoever owns the partition next runs the line again.
+Each message becomes a task; when ``in_flight_limit`` tasks are on the engine, the assigned
+partitions are paused (``getmany`` keeps being called so the group stays alive) and resumed when
+there is room. A result is published, and its publish acknowledged by the broker, before its offset
+counts as done; a request waiting for that acknowledgement has left the engine and no longer holds
+one of its places (else a fast engine would idle for every round trip to the broker;
+``PUBLISHING_FACTOR`` bounds those waiting); a partition commits only up to its lowest offset
+still in flight (see ``offsets.OffsetTracker``). A publish the broker refuses or does not confirm
+is tried again (bounded, random exponential backoff); when every try fails the worker stops
+without that line's offset committed, and whoever owns the partition next runs the line again.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 # poll timeout also bounds how long finished lines wait for a commit while no new lines come.
 COMMIT_INTERVAL_S = 0.1  # the default of BATCHSTREAM_INFERENCE_COMMIT_INTERVAL_S
 POLL_TIMEOUT_MS = 100
+PUBLISHING_FACTOR = 4  # requests held in all (on the engine or publishing) per engine place
 
 
 class FatalConsumerError(RuntimeError):
@@ -125,6 +128,8 @@ class RequestConsumer:
         self.joined = False  # the group was joined (Kafka answered); see /readyz
         self._stopping = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], str] = {}
+        self._on_engine = 0  # tasks not yet past the engine (their result not yet known)
+        self._room = asyncio.Event()  # set when a request leaves the engine or ends
         self._last_commit = 0.0
         self._fatal: BaseException | None = None
 
@@ -175,13 +180,13 @@ class RequestConsumer:
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():
-            if len(self._tasks) >= self.in_flight_limit:
-                # Window full: wake as soon as a request finishes, not after a whole empty poll.
-                await asyncio.wait(
-                    set(self._tasks), timeout=POLL_TIMEOUT_MS / 1000, return_when=asyncio.FIRST_COMPLETED
-                )
+            if self._room_left() <= 0:
+                # Window full: wake as soon as a request leaves the engine, not after a whole poll.
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), timeout=POLL_TIMEOUT_MS / 1000)
             self._apply_backpressure()
-            room = self.in_flight_limit - len(self._tasks)
+            room = self._room_left()
             batch = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
             for partition, records in batch.items():
                 for record in records:
@@ -189,10 +194,16 @@ class RequestConsumer:
             if time.monotonic() - self._last_commit >= self.commit_interval_s:
                 await self._commit()
 
+    def _room_left(self) -> int:
+        """Requests the worker may take now: places free on the engine, within the bound on
+        requests held in all."""
+        held_room = PUBLISHING_FACTOR * self.in_flight_limit - len(self._tasks)
+        return min(self.in_flight_limit - self._on_engine, held_room)
+
     def _apply_backpressure(self) -> None:
         """Pause every assigned partition while the window is full (idempotent; covers
         partitions assigned meanwhile), resume them once there is room."""
-        if len(self._tasks) >= self.in_flight_limit:
+        if self._room_left() <= 0:
             self.consumer.pause(*self.consumer.assignment())
         elif self.consumer.paused():
             self.consumer.resume(*self.consumer.paused())
@@ -201,19 +212,28 @@ class RequestConsumer:
         epoch = self.offsets.start(partition, record.offset)
         task = asyncio.create_task(self._process(partition, record, epoch))
         self._tasks[task] = f"{partition.topic}[{partition.partition}]@{record.offset}"
-        metrics.IN_FLIGHT.set(len(self._tasks))
+        self._on_engine += 1
+        metrics.IN_FLIGHT.set(self._on_engine)
         task.add_done_callback(self._task_done)
+
+    def _left_engine(self) -> None:
+        self._on_engine -= 1
+        metrics.IN_FLIGHT.set(self._on_engine)
+        self._room.set()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
-        metrics.IN_FLIGHT.set(len(self._tasks))
+        self._room.set()
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             self._fatal = task.exception()
             self._stopping.set()
 
     async def _process(self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int) -> None:
         where = f"{partition.topic}[{partition.partition}]@{record.offset}"
-        result, reply_topic = await self._result_for(record, where)
+        try:
+            result, reply_topic = await self._result_for(record, where)
+        finally:
+            self._left_engine()
         if result is not None:
             await self._publish(result, reply_topic or self.results_topic, where)
         self.offsets.finish(partition, record.offset, epoch)

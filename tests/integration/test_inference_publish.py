@@ -20,7 +20,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from services.inference import metrics
-from services.inference.consumer import FatalConsumerError, RequestConsumer, make_consumer
+from services.inference.consumer import PUBLISHING_FACTOR, FatalConsumerError, RequestConsumer, make_consumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
@@ -278,3 +278,37 @@ async def test_a_publish_that_keeps_failing_stops_the_worker_without_committing_
         await producer.stop()  # type: ignore[attr-defined]
     assert set(await results_on_topic(kafka)) == {f"line-{n}" for n in range(lines)}
     assert await committed(kafka, group, list(ends)) == ends
+
+
+async def test_results_waiting_for_the_broker_do_not_hold_the_engines_places(
+    kafka: KafkaSettings, proxy: ProduceDroppingProxy
+) -> None:
+    """While no publish is acknowledged the engine still gets new requests (up to the bound on
+    requests held in all), never more than its window at once; then every line is published."""
+    lines, window = 40, 4
+    ends = await publish_requests(kafka, lines)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    started, peak = metrics.STARTED._value.get(), 0.0
+    proxy.dropping = True
+    consumer, producer = worker(kafka, group, publish_attempts=50, publish_retry_max_wait_s=0.5)
+    await producer.start()  # type: ignore[attr-defined]
+    running = asyncio.create_task(consumer.run())
+
+    def engine_fed_past_its_window() -> bool:
+        nonlocal peak
+        peak = max(peak, metrics.IN_FLIGHT._value.get())
+        return metrics.STARTED._value.get() - started >= PUBLISHING_FACTOR * window
+
+    try:
+        await wait_for(engine_fed_past_its_window, 60, "the engine fed while nothing is acknowledged")
+        assert not set(await results_on_topic(kafka)) & {f"line-{n}" for n in range(lines)}
+        await asyncio.sleep(0.5)  # the worker's held requests are bounded: no more start meanwhile
+        assert metrics.STARTED._value.get() - started == PUBLISHING_FACTOR * window
+        proxy.dropping = False
+        await wait_for(lambda: all_committed(consumer, ends), 60, "every line committed")
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(running, 30)
+        await producer.stop()  # type: ignore[attr-defined]
+    assert 0 < peak <= window
+    assert set(await results_on_topic(kafka)) == {f"line-{n}" for n in range(lines)}
