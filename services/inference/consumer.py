@@ -21,20 +21,14 @@ import pydantic
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
 from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
 from shared.kafka import decode
 from shared.protocol.messages import RequestMessage, ResultMessage
-from shared.retries import first_then_retrying
+from shared.retries import RetryRule, first_then_retrying
 from shared.settings import InferenceSettings, KafkaSettings
 from shared.topics import model_slug, requests_topic, results_topic
 
@@ -46,6 +40,8 @@ log = logging.getLogger(__name__)
 # poll timeout also bounds how long finished lines wait for a commit while no new lines come.
 COMMIT_INTERVAL_S = 0.1  # the default of BATCHSTREAM_INFERENCE_COMMIT_INTERVAL_S
 POLL_TIMEOUT_MS = 100
+# A publish is tried again when the broker refuses or does not confirm it.
+PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
 
 
 class FatalConsumerError(RuntimeError):
@@ -273,7 +269,6 @@ class RequestConsumer:
             return AsyncRetrying(
                 stop=stop_after_attempt(self.publish_attempts),
                 wait=wait_random_exponential(multiplier=0.2, max=self.publish_retry_max_wait_s),
-                retry=retry_if_exception_type(KafkaError),
                 before_sleep=before_sleep,
                 reraise=True,
             )
@@ -282,7 +277,7 @@ class RequestConsumer:
             return await self.producer.send_and_wait(topic, value, key=key)
 
         try:
-            await first_then_retrying(attempt, retrying, retry_exception=_is_kafka_error)
+            await first_then_retrying(attempt, PUBLISH_RETRY, retrying)
         except KafkaError:
             metrics.PUBLISH_FAILURES.inc()
             log.error("publishing a result failed for good; stopping uncommitted", extra=context)
@@ -329,10 +324,6 @@ class RequestConsumer:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _is_kafka_error(exc: Exception) -> bool:
-    return isinstance(exc, KafkaError)
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -10,14 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    retry_if_result,
-    stop_after_attempt,
-    wait_random_exponential,
-)
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
 from services.inference.control import BatchControl
@@ -38,7 +31,7 @@ from shared.protocol.messages import (
     ResultMessage,
     SamplingDefaults,
 )
-from shared.retries import first_then_retrying
+from shared.retries import RetryRule, first_then_retrying
 from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
@@ -101,11 +94,11 @@ class EngineRetry:
     max_wait_s: float = 2.0
 
     def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
-        """One line's retry loop; ``context`` names the line in the logs."""
+        """One line's retry loop (what it retries is ``ENGINE_RETRY``); ``context`` names the
+        line in the logs."""
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_random_exponential(multiplier=self.wait_s, max=self.max_wait_s),
-            retry=retry_if_result(_transient) | retry_if_exception(_may_pass),
             before_sleep=partial(_log_retry, context),
             retry_error_callback=partial(_give_up, context),
         )
@@ -123,9 +116,11 @@ def _transient(answer: Answer) -> bool:
     return answer.transient
 
 
-def _may_pass(exc: BaseException) -> bool:
-    """An engine exception worth another try: not a stop, not the engine's death."""
-    return isinstance(exc, Exception) and not isinstance(exc, RequestAborted | EngineUnavailable)
+# An engine failure that may pass: a 5xx answer, or any exception but a stop (an abort) or the
+# engine's death.
+ENGINE_RETRY: RetryRule[Answer] = RetryRule(
+    errors=(Exception,), except_errors=(RequestAborted, EngineUnavailable), result=_transient
+)
 
 
 class RequestHandler:
@@ -227,9 +222,7 @@ class RequestHandler:
         def retrying() -> AsyncRetrying:  # built only when the first try failed
             return self.retry.retrying({"batch_id": message.batch_id, "custom_id": message.custom_id})
 
-        return await first_then_retrying(
-            attempt, retrying, retry_exception=_may_pass, retry_result=_transient
-        )
+        return await first_then_retrying(attempt, ENGINE_RETRY, retrying)
 
     @staticmethod
     def _count(answer: Answer) -> None:
