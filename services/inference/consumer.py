@@ -120,6 +120,7 @@ class RequestConsumer:
         self.running = False
         self.joined = False  # the group was joined (Kafka answered); see /readyz
         self._stopping = asyncio.Event()
+        self._room = asyncio.Event()  # set when a task finishes: the window has room again
         self._tasks: dict[asyncio.Task[None], str] = {}
         self._last_commit = 0.0
         self._fatal: BaseException | None = None
@@ -156,6 +157,7 @@ class RequestConsumer:
         """Start the consumer, run until ``stop()``, then drain and close it."""
         await self.consumer.start()
         self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        metrics.IN_FLIGHT.set_function(self._in_flight)  # read at each scrape, not set per line
         self.running = True
         log.info("consuming", extra={"topic": self.topic, "limit": self.in_flight_limit})
         try:
@@ -169,13 +171,13 @@ class RequestConsumer:
         if self._fatal is not None:
             raise FatalConsumerError(str(self._fatal)) from self._fatal
 
+    def _in_flight(self) -> int:
+        return len(self._tasks)
+
     async def _loop(self) -> None:
         while not self._stopping.is_set():
             if len(self._tasks) >= self.in_flight_limit:
-                # Window full: wake as soon as a request finishes, not after a whole empty poll.
-                await asyncio.wait(
-                    set(self._tasks), timeout=POLL_TIMEOUT_MS / 1000, return_when=asyncio.FIRST_COMPLETED
-                )
+                await self._wait_for_room()
             self._apply_backpressure()
             room = self.in_flight_limit - len(self._tasks)
             batch = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
@@ -184,6 +186,14 @@ class RequestConsumer:
                     self._start(partition, record)
             if time.monotonic() - self._last_commit >= self.commit_interval_s:
                 await self._commit()
+
+    async def _wait_for_room(self) -> None:
+        """Window full: wake as soon as a request finishes, not after a whole empty poll. (One
+        event, set by every finished task: waiting on the window's tasks themselves cost a
+        callback added and removed per task at every wake-up.)"""
+        self._room.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._room.wait(), POLL_TIMEOUT_MS / 1000)
 
     def _apply_backpressure(self) -> None:
         """Pause every assigned partition while the window is full (idempotent; covers
@@ -195,20 +205,21 @@ class RequestConsumer:
 
     def _start(self, partition: TopicPartition, record: ConsumerRecord[Any, Any]) -> None:
         epoch = self.offsets.start(partition, record.offset)
-        task = asyncio.create_task(self._process(partition, record, epoch))
-        self._tasks[task] = f"{partition.topic}[{partition.partition}]@{record.offset}"
-        metrics.IN_FLIGHT.set(len(self._tasks))
+        where = f"{partition.topic}[{partition.partition}]@{record.offset}"
+        task = asyncio.create_task(self._process(partition, record, epoch, where))
+        self._tasks[task] = where
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
-        metrics.IN_FLIGHT.set(len(self._tasks))
+        self._room.set()
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             self._fatal = task.exception()
             self._stopping.set()
 
-    async def _process(self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int) -> None:
-        where = f"{partition.topic}[{partition.partition}]@{record.offset}"
+    async def _process(
+        self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int, where: str
+    ) -> None:
         result, reply_topic = await self._result_for(record, where)
         if result is not None:
             await self._publish(result, reply_topic or self.results_topic, where)

@@ -173,17 +173,17 @@ class RequestHandler:
         """
         reason = self._never_run_reason(message)
         if reason is not None:
-            metrics.requests_with(reason[0]).inc()
+            metrics.LINES.by_status[reason[0]] += 1
             return never_ran(message, *reason)
         run_id = new_id("req_")
         batch_id = message.batch_id
         if batch_id:
             self._running.setdefault(batch_id, set()).add(run_id)
-        metrics.STARTED.inc()
+        metrics.LINES.started += 1
         try:
             answer = await self._answer(message, run_id)
         except RequestAborted:  # only cancel_batch aborts, and only a cancelled batch's lines
-            metrics.requests_with("batch_cancelled").inc()
+            metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
         finally:
             if batch_id:
@@ -226,10 +226,11 @@ class RequestHandler:
 
     @staticmethod
     def _count(answer: Answer) -> None:
-        metrics.requests_with(str(answer.status)).inc()
+        lines = metrics.LINES
+        lines.by_status[str(answer.status)] += 1
         if answer.ok and answer.usage is not None:
-            metrics.PROMPT_TOKENS.inc(answer.usage.prompt_tokens)
-            metrics.GENERATED_TOKENS.inc(answer.usage.completion_tokens)
+            lines.prompt_tokens += answer.usage.prompt_tokens
+            lines.generated_tokens += answer.usage.completion_tokens
 
 
 def _log_retry(context: dict[str, Any], state: RetryCallState) -> None:
