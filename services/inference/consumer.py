@@ -23,20 +23,14 @@ import pydantic
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
 from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
 from shared.kafka import decode
 from shared.protocol.messages import RequestMessage, ResultMessage
-from shared.retries import first_then_retrying
+from shared.retries import RetryRule, first_then_retrying
 from shared.settings import InferenceSettings, KafkaSettings
 from shared.topics import model_slug, requests_topic, results_topic
 
@@ -49,6 +43,8 @@ log = logging.getLogger(__name__)
 COMMIT_INTERVAL_S = 0.1  # the default of BATCHSTREAM_INFERENCE_COMMIT_INTERVAL_S
 POLL_TIMEOUT_MS = 100
 PUBLISHING_FACTOR = 4  # requests held in all (on the engine or publishing) per engine place
+# A publish is tried again when the broker refuses or does not confirm it.
+PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
 
 
 class FatalConsumerError(RuntimeError):
@@ -165,6 +161,7 @@ class RequestConsumer:
         """Start the consumer, run until ``stop()``, then drain and close it."""
         await self.consumer.start()
         self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        metrics.IN_FLIGHT.set_function(self._in_flight)  # read at each scrape, not set per line
         self.running = True
         log.info("consuming", extra={"topic": self.topic, "limit": self.in_flight_limit})
         try:
@@ -178,13 +175,14 @@ class RequestConsumer:
         if self._fatal is not None:
             raise FatalConsumerError(str(self._fatal)) from self._fatal
 
+    def _in_flight(self) -> int:
+        """Requests on the engine now (the in-flight gauge, read at each scrape)."""
+        return self._on_engine
+
     async def _loop(self) -> None:
         while not self._stopping.is_set():
             if self._room_left() <= 0:
-                # Window full: wake as soon as a request leaves the engine, not after a whole poll.
-                self._room.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._room.wait(), timeout=POLL_TIMEOUT_MS / 1000)
+                await self._wait_for_room()
             self._apply_backpressure()
             room = self._room_left()
             batch = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
@@ -200,6 +198,14 @@ class RequestConsumer:
         held_room = PUBLISHING_FACTOR * self.in_flight_limit - len(self._tasks)
         return min(self.in_flight_limit - self._on_engine, held_room)
 
+    async def _wait_for_room(self) -> None:
+        """Window full: wake as soon as a request leaves the engine or ends, not after a whole
+        empty poll. (One event, set by each: waiting on the window's tasks themselves cost a
+        callback added and removed per task at every wake-up.)"""
+        self._room.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._room.wait(), POLL_TIMEOUT_MS / 1000)
+
     def _apply_backpressure(self) -> None:
         """Pause every assigned partition while the window is full (idempotent; covers
         partitions assigned meanwhile), resume them once there is room."""
@@ -210,15 +216,14 @@ class RequestConsumer:
 
     def _start(self, partition: TopicPartition, record: ConsumerRecord[Any, Any]) -> None:
         epoch = self.offsets.start(partition, record.offset)
-        task = asyncio.create_task(self._process(partition, record, epoch))
-        self._tasks[task] = f"{partition.topic}[{partition.partition}]@{record.offset}"
+        where = f"{partition.topic}[{partition.partition}]@{record.offset}"
+        task = asyncio.create_task(self._process(partition, record, epoch, where))
+        self._tasks[task] = where
         self._on_engine += 1
-        metrics.IN_FLIGHT.set(self._on_engine)
         task.add_done_callback(self._task_done)
 
     def _left_engine(self) -> None:
         self._on_engine -= 1
-        metrics.IN_FLIGHT.set(self._on_engine)
         self._room.set()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
@@ -228,8 +233,9 @@ class RequestConsumer:
             self._fatal = task.exception()
             self._stopping.set()
 
-    async def _process(self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int) -> None:
-        where = f"{partition.topic}[{partition.partition}]@{record.offset}"
+    async def _process(
+        self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int, where: str
+    ) -> None:
         try:
             result, reply_topic = await self._result_for(record, where)
         finally:
@@ -293,7 +299,6 @@ class RequestConsumer:
             return AsyncRetrying(
                 stop=stop_after_attempt(self.publish_attempts),
                 wait=wait_random_exponential(multiplier=0.2, max=self.publish_retry_max_wait_s),
-                retry=retry_if_exception_type(KafkaError),
                 before_sleep=before_sleep,
                 reraise=True,
             )
@@ -302,7 +307,7 @@ class RequestConsumer:
             return await self.producer.send_and_wait(topic, value, key=key)
 
         try:
-            await first_then_retrying(attempt, retrying, retry_exception=_is_kafka_error)
+            await first_then_retrying(attempt, PUBLISH_RETRY, retrying)
         except KafkaError:
             metrics.PUBLISH_FAILURES.inc()
             log.error("publishing a result failed for good; stopping uncommitted", extra=context)
@@ -349,10 +354,6 @@ class RequestConsumer:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _is_kafka_error(exc: Exception) -> bool:
-    return isinstance(exc, KafkaError)
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -181,12 +181,28 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return value if isinstance(value, int) and value > 0 else 1
 
 
+# str.split()'s separators among ASCII characters (str.isspace); every other byte is a word byte.
+_ASCII_SPACE = b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f "
+_SPACE_OR_WORD = bytes(0x20 if byte in _ASCII_SPACE else 0x78 for byte in range(256))
+
+
+def _count_words(text: str) -> int:
+    """``len(text.split())`` without building the words: an ASCII text's whitespace runs become
+    spaces and its other characters ``x``, and each word is a start or a space followed by an ``x``.
+    Measured on the pipeline benchmark's 4 KB prompts: 6 us instead of 15-22 us, which was 17% of
+    the fake-engine worker's CPU. Other text is split as before."""
+    if not text.isascii():
+        return len(text.split())
+    marks = text.encode("ascii").translate(_SPACE_OR_WORD)
+    return marks.count(b" x") + marks.startswith(b"x")
+
+
 def _count_tokens(value: Any) -> int:
     """Whitespace tokens in a prompt, messages list or input (a stand-in for a tokenizer)."""
     if value is None:
         return 0
     if isinstance(value, str):
-        return len(value.split())
+        return _count_words(value)
     if isinstance(value, int):
         return 1
     if isinstance(value, dict):

@@ -10,14 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    retry_if_result,
-    stop_after_attempt,
-    wait_random_exponential,
-)
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
 from services.inference.control import BatchControl
@@ -38,7 +31,7 @@ from shared.protocol.messages import (
     ResultMessage,
     SamplingDefaults,
 )
-from shared.retries import first_then_retrying
+from shared.retries import RetryRule, first_then_retrying
 from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
@@ -101,11 +94,11 @@ class EngineRetry:
     max_wait_s: float = 2.0
 
     def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
-        """One line's retry loop; ``context`` names the line in the logs."""
+        """One line's retry loop (what it retries is ``ENGINE_RETRY``); ``context`` names the
+        line in the logs."""
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_random_exponential(multiplier=self.wait_s, max=self.max_wait_s),
-            retry=retry_if_result(_transient) | retry_if_exception(_may_pass),
             before_sleep=partial(_log_retry, context),
             retry_error_callback=partial(_give_up, context),
         )
@@ -123,9 +116,11 @@ def _transient(answer: Answer) -> bool:
     return answer.transient
 
 
-def _may_pass(exc: BaseException) -> bool:
-    """An engine exception worth another try: not a stop, not the engine's death."""
-    return isinstance(exc, Exception) and not isinstance(exc, RequestAborted | EngineUnavailable)
+# An engine failure that may pass: a 5xx answer, or any exception but a stop (an abort) or the
+# engine's death.
+ENGINE_RETRY: RetryRule[Answer] = RetryRule(
+    errors=(Exception,), except_errors=(RequestAborted, EngineUnavailable), result=_transient
+)
 
 
 class RequestHandler:
@@ -178,17 +173,17 @@ class RequestHandler:
         """
         reason = self._never_run_reason(message)
         if reason is not None:
-            metrics.requests_with(reason[0]).inc()
+            metrics.LINES.by_status[reason[0]] += 1
             return never_ran(message, *reason)
         run_id = new_id("req_")
         batch_id = message.batch_id
         if batch_id:
             self._running.setdefault(batch_id, set()).add(run_id)
-        metrics.STARTED.inc()
+        metrics.LINES.started += 1
         try:
             answer = await self._answer(message, run_id)
         except RequestAborted:  # only cancel_batch aborts, and only a cancelled batch's lines
-            metrics.requests_with("batch_cancelled").inc()
+            metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
         finally:
             if batch_id:
@@ -227,16 +222,15 @@ class RequestHandler:
         def retrying() -> AsyncRetrying:  # built only when the first try failed
             return self.retry.retrying({"batch_id": message.batch_id, "custom_id": message.custom_id})
 
-        return await first_then_retrying(
-            attempt, retrying, retry_exception=_may_pass, retry_result=_transient
-        )
+        return await first_then_retrying(attempt, ENGINE_RETRY, retrying)
 
     @staticmethod
     def _count(answer: Answer) -> None:
-        metrics.requests_with(str(answer.status)).inc()
+        lines = metrics.LINES
+        lines.by_status[str(answer.status)] += 1
         if answer.ok and answer.usage is not None:
-            metrics.PROMPT_TOKENS.inc(answer.usage.prompt_tokens)
-            metrics.GENERATED_TOKENS.inc(answer.usage.completion_tokens)
+            lines.prompt_tokens += answer.usage.prompt_tokens
+            lines.generated_tokens += answer.usage.completion_tokens
 
 
 def _log_retry(context: dict[str, Any], state: RetryCallState) -> None:

@@ -5,7 +5,7 @@
 - ``/readyz``: every readiness check passes (the engine is started, the consumer runs and has
   joined its group, so Kafka answered); 503 naming the checks that fail otherwise.
 - ``/health``: as before, 200 ``healthy`` once the engine is started and the consumer runs.
-- ``/metrics``: Prometheus.
+- ``/metrics``: Prometheus (with the lines counted so far, see ``metrics.LINES``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from services.inference import metrics
 
 Checks = Callable[[], dict[str, bool]]
 
@@ -69,6 +71,7 @@ class HealthServer:
         return web.json_response({"status": "ready", "checks": checks})
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        metrics.LINES.flush()  # the per-line counts, held as plain integers until now
         response = web.Response(body=generate_latest(REGISTRY))
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response

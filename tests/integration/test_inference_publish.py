@@ -288,7 +288,7 @@ async def test_results_waiting_for_the_broker_do_not_hold_the_engines_places(
     lines, window = 40, 4
     ends = await publish_requests(kafka, lines)
     group = f"g-{uuid.uuid4().hex[:6]}"
-    started, peak = metrics.STARTED._value.get(), 0.0
+    started, peak = _started(), 0.0
     proxy.dropping = True
     consumer, producer = worker(kafka, group, publish_attempts=50, publish_retry_max_wait_s=0.5)
     await producer.start()  # type: ignore[attr-defined]
@@ -296,14 +296,14 @@ async def test_results_waiting_for_the_broker_do_not_hold_the_engines_places(
 
     def engine_fed_past_its_window() -> bool:
         nonlocal peak
-        peak = max(peak, metrics.IN_FLIGHT._value.get())
-        return metrics.STARTED._value.get() - started >= PUBLISHING_FACTOR * window
+        peak = max(peak, metrics.IN_FLIGHT.collect()[0].samples[0].value)  # as a scrape reads it
+        return _started() - started >= PUBLISHING_FACTOR * window
 
     try:
         await wait_for(engine_fed_past_its_window, 60, "the engine fed while nothing is acknowledged")
         assert not set(await results_on_topic(kafka)) & {f"line-{n}" for n in range(lines)}
         await asyncio.sleep(0.5)  # the worker's held requests are bounded: no more start meanwhile
-        assert metrics.STARTED._value.get() - started == PUBLISHING_FACTOR * window
+        assert _started() - started == PUBLISHING_FACTOR * window
         proxy.dropping = False
         await wait_for(lambda: all_committed(consumer, ends), 60, "every line committed")
     finally:
@@ -312,3 +312,9 @@ async def test_results_waiting_for_the_broker_do_not_hold_the_engines_places(
         await producer.stop()  # type: ignore[attr-defined]
     assert 0 < peak <= window
     assert set(await results_on_topic(kafka)) == {f"line-{n}" for n in range(lines)}
+
+
+def _started() -> float:
+    """Requests handed to the engine so far, as a ``/metrics`` scrape reads them."""
+    metrics.LINES.flush()
+    return metrics.STARTED._value.get()

@@ -1,10 +1,15 @@
-"""The worker's probes: /livez answers while the loop runs, /readyz names the checks that fail."""
+"""The worker's probes: /livez answers while the loop runs, /readyz names the checks that fail;
+/metrics counts every line handled so far."""
 
 from __future__ import annotations
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from services.inference.engine import CHAT
+from services.inference.fake_engine import FakeEngine
+from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
+from shared.protocol.messages import RequestMessage
 
 
 async def test_probes_follow_the_checks() -> None:
@@ -26,3 +31,27 @@ async def test_probes_follow_the_checks() -> None:
         response = await client.get("/readyz")
         assert response.status == 200 and (await response.json())["status"] == "ready"
         assert (await client.get("/livez")).status == 200
+
+
+def _scraped(text: str, sample: str) -> float:
+    """A sample's value in a /metrics answer; 0 while the sample is not there yet."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(sample + " ")]
+    return values[0] if values else 0.0
+
+
+async def test_a_scrape_counts_every_line_handled_before_it() -> None:
+    handler = RequestHandler(FakeEngine())
+    body = {"messages": [{"role": "user", "content": "one two three"}]}
+    server = HealthServer(0, ready=lambda: True)
+    async with TestClient(TestServer(server.app())) as client:
+        before = await (await client.get("/metrics")).text()
+        for i in range(3):
+            await handler.handle(RequestMessage(request_id=f"r{i}", custom_id=f"c{i}", url=CHAT, body=body))
+        after = await (await client.get("/metrics")).text()
+    for sample, added in (
+        ('batchstream_inference_requests_total{status="200"}', 3),
+        ("batchstream_inference_started_total", 3),
+        ("batchstream_inference_prompt_tokens_total", 9),
+        ("batchstream_inference_generated_tokens_total", 3),
+    ):
+        assert _scraped(after, sample) - _scraped(before, sample) == added, sample
