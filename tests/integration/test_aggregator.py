@@ -26,7 +26,7 @@ import psutil
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from deploy.local.stack import REPO_ROOT, Stack
+from deploy.local import REPO_ROOT, Stack
 from services.aggregator.sinks import output_file_id
 from shared.kafka import encode
 from shared.mongo import Mongo

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from openai import AsyncOpenAI
 from openai.types import Batch
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack
 from shared.kafka import encode
 from shared.mongo import Mongo
 from shared.protocol.messages import LineError, ResponsePayload, ResultMessage

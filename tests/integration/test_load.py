@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.integration.conftest import OwnStack
 from tests.integration.fake_stack import FAKE_STACK_ENV

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from pymongo import MongoClient
 
-from deploy.local.stack import STAND_INS, ModelSpec, Stack, free_ports
+from deploy.local import STAND_INS, ModelSpec, Stack, free_ports
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.waiting import wait_until

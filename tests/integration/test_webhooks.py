@@ -21,7 +21,7 @@ import httpx
 import pytest
 from pymongo import MongoClient
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack
 from shared.settings import ApiSettings
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.integration.fake_stack import FAKE_STACK_ENV

@@ -5,4 +5,6 @@
 - ``lines``: request lines as the Batch API takes them (``request_line``, ``chat_request``,
   ``chat_line``, ``jsonl``) and result files read back (``parse_jsonl``, ``read_lines``).
 - ``metrics``: one value from a Prometheus ``/metrics`` page (``metric_value``).
+- ``request_recorder``: ``RequestRecorder``, a stand-in for a model's workers that consumes and
+  commits its requests topic and records the order the dispatcher sent lines in.
 """

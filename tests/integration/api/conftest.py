@@ -16,7 +16,6 @@ import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack
-from tests.support.keys import create_key
 from tests.support.waiting import wait_until
 
 UNSERVED_MODEL = "unserved-model"
@@ -49,7 +48,7 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def other_client(stack: Stack) -> OpenAI:
     """A client of another project."""
-    return OpenAI(base_url=stack.base_url, api_key=create_key(stack, "other-team"), max_retries=0)
+    return OpenAI(base_url=stack.base_url, api_key=stack.create_key("other-team"), max_retries=0)
 
 
 def _free_port() -> int:
