@@ -28,6 +28,7 @@ from pymongo import MongoClient
 from deploy.local import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
 from tests.integration.conftest import OwnStack
+from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.request_recorder import RequestRecorder
 from tests.support.waiting import eventually
 
@@ -52,16 +53,8 @@ def dispatch_stack(own_stack: OwnStack) -> Iterator[Stack]:
             "BATCHSTREAM_DISPATCH_LEASE_RENEW_S": "0.5",
             "BATCHSTREAM_DISPATCH_POSITION_FLUSH_S": "0.2",
             "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
-            "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
-            "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
-            "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
+            **FAKE_STACK_ENV,
             "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "300",  # the dispatcher settles cancels
-            "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
-            "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
-            "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
-            "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-            "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",  # Tansu table recovery
-            "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
         },
     ) as stack:
         yield stack

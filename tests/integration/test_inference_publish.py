@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from deploy.local import free_port
 from services.inference import metrics
 from services.inference.consumer import FatalConsumerError, RequestConsumer, make_consumer
 from services.inference.fake_engine import FakeEngine
@@ -27,7 +27,7 @@ from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
 from shared.protocol.messages import RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import requests_topic, results_topic
-from tests.integration.test_inference_worker import _free_port, _tansu
+from tests.support.private_servers import private_tansu
 
 MODEL = "fake-model"
 PRODUCE = 0  # the Kafka API key of a Produce request
@@ -89,19 +89,9 @@ class ProduceDroppingProxy:
 @pytest.fixture(scope="module")
 def ports() -> Iterator[tuple[int, int]]:
     """(the proxy's port, which the broker advertises; the broker's own port)."""
-    proxy, broker = _free_port(), _free_port()
-    args = [str(_tansu()), "broker", "--listener-url", f"tcp://127.0.0.1:{broker}"]
-    args += ["--advertised-listener-url", f"tcp://127.0.0.1:{proxy}", "--storage-engine", "memory://tansu/"]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    proxy, broker = free_port(), free_port()
+    with private_tansu(broker, advertised_port=proxy):
         yield proxy, broker
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ every attempt it is sent and can answer 503 for a while (down), then 200.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import httpx
 import pytest
 from pymongo import MongoClient
 
-from deploy.local import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack, free_port
 from shared.settings import ApiSettings
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.integration.fake_stack import FAKE_STACK_ENV
@@ -93,12 +92,6 @@ def serving(state: Receiver, port: int = 0) -> Iterator[int]:
         server.shutdown()
         server.server_close()
         thread.join(5)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@
 - ``lines``: request lines as the Batch API takes them (``request_line``, ``chat_request``,
   ``chat_line``, ``jsonl``) and result files read back (``parse_jsonl``, ``read_lines``).
 - ``metrics``: one value from a Prometheus ``/metrics`` page (``metric_value``).
+- ``private_servers``: a SecantusDB (``PrivateMongo``) or a Tansu broker (``private_tansu``) of a
+  test's own, to kill, restart or proxy.
 - ``request_recorder``: ``RequestRecorder``, a stand-in for a model's workers that consumes and
   commits its requests topic and records the order the dispatcher sent lines in.
 """
