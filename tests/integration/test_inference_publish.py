@@ -23,10 +23,11 @@ from services.inference import metrics
 from services.inference.consumer import FatalConsumerError, RequestConsumer, make_consumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
-from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
+from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import requests_topic, results_topic
+from tests.support.fresh_kafka import fresh_kafka
 from tests.support.private_servers import private_tansu
 
 MODEL = "fake-model"
@@ -106,15 +107,7 @@ async def proxy(ports: tuple[int, int]) -> AsyncIterator[ProduceDroppingProxy]:
 
 @pytest.fixture
 async def kafka(proxy: ProduceDroppingProxy) -> KafkaSettings:
-    settings = KafkaSettings(
-        bootstrap_servers=f"127.0.0.1:{proxy.port}",
-        topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
-        request_partitions=2,
-        results_partitions=2,
-    )
-    await wait_for_kafka(settings, timeout_s=10)
-    await ensure_topics(settings, [MODEL])
-    return settings
+    return await fresh_kafka(f"127.0.0.1:{proxy.port}", [MODEL])
 
 
 async def publish_requests(settings: KafkaSettings, count: int) -> dict[TopicPartition, int]:

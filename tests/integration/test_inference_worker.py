@@ -21,10 +21,11 @@ from services.inference.consumer import RequestConsumer, make_consumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
-from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
+from shared.kafka import encode, make_producer
 from shared.protocol.messages import ControlMessage, RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import control_topic, requests_topic
+from tests.support.fresh_kafka import fresh_kafka
 from tests.support.private_servers import private_tansu
 
 MODEL = "fake-model"
@@ -39,15 +40,7 @@ def broker() -> Iterator[str]:
 
 @pytest.fixture
 async def kafka(broker: str) -> AsyncIterator[KafkaSettings]:
-    settings = KafkaSettings(
-        bootstrap_servers=broker,
-        topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
-        request_partitions=2,
-        results_partitions=2,
-    )
-    await wait_for_kafka(settings, timeout_s=10)
-    await ensure_topics(settings, [MODEL])
-    yield settings
+    yield await fresh_kafka(broker, [MODEL])
 
 
 async def _create_topic(settings: KafkaSettings, name: str) -> None:

@@ -4,6 +4,7 @@
   (poll a batch through the api).
 - ``lines``: request lines as the Batch API takes them (``request_line``, ``chat_request``,
   ``chat_line``, ``jsonl``) and result files read back (``parse_jsonl``, ``read_lines``).
+- ``fresh_kafka``: Kafka settings under a topic prefix of a test's own, the topics created.
 - ``fresh_mongo``: a MongoDB database of a test module's own, dropped afterwards.
 - ``http_batches``: ``create_batch``, upload and create a batch over plain HTTP (httpx).
 - ``metrics``: one value from a Prometheus ``/metrics`` page (``metric_value``).
