@@ -16,7 +16,7 @@ from typing import Any
 
 from bench import parity, pipeline
 from bench.common import default_path, machine
-from deploy.local.stack import REPO_ROOT
+from deploy.local import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from deploy.local.stack import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
+from deploy.local import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
 from shared.topics import results_topic
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}

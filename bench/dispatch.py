@@ -12,9 +12,6 @@ own stacks; nothing here starts a stack.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -79,18 +76,6 @@ def head_of_line(
     }
 
 
-def create_key(stack: Stack, project: str) -> str:
-    """An API key of another project, made the way an operator makes one."""
-    out = subprocess.run(
-        [sys.executable, "-m", "services.client", "keys", "create", "--project", project],
-        env={**os.environ, **stack.env()},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
-
-
 def project_shares(stack: Stack, poller: MongoPoller, upload: Callable[[OpenAI, str], str]) -> dict[str, Any]:
     """Two projects' equal batches created at the same moment; each one's share while both run.
 
@@ -100,7 +85,7 @@ def project_shares(stack: Stack, poller: MongoPoller, upload: Callable[[OpenAI, 
     """
     clients = {
         project: OpenAI(
-            base_url=stack.base_url, api_key=create_key(stack, project), max_retries=5, timeout=600
+            base_url=stack.base_url, api_key=stack.create_key(project), max_retries=5, timeout=600
         )
         for project in ("team-a", "team-b")
     }

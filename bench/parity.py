@@ -40,7 +40,7 @@ from bench.common import (
     start_stack,
     table,
 )
-from deploy.local.stack import ModelSpec
+from deploy.local import ModelSpec
 
 SERVED_NAME = "tiny-llama"
 READY_MARKER = "Reading batch from"

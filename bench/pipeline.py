@@ -54,7 +54,7 @@ from bench.common import (
     table,
     write_padded_file,
 )
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack
 
 MODEL = "fake-model"
 SMALL_LINES = 10

@@ -58,6 +58,13 @@ def bindable(port: int) -> bool:
         return True
 
 
+def free_port() -> int:
+    """One port free now on 127.0.0.1, chosen by the OS (for a test's private server)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def free_ports(low: int = 20_000, high: int = 30_000) -> Ports:
     """Random free ports below the ephemeral range, each with port + 10000 free as well."""
     chosen: set[int] = set()

@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,6 @@ from typing import Any, TypeVar
 from deploy.local import processes
 from deploy.local.catalogue import (
     REPO_ROOT,
-    SERVICES,
-    STAND_INS,
     Component,
     ModelSpec,
     components,
@@ -37,24 +36,11 @@ from deploy.local.catalogue import (
     stop_timeout_s,
 )
 from deploy.local.errors import StackError
-from deploy.local.ports import Ports, free_ports
+from deploy.local.ports import Ports
 from deploy.local.probes import wait_ready
 from deploy.local.processes import ProcessRef
 from deploy.provision import provision, requeue_in_flight
 from shared.settings import ApiSettings, KafkaSettings, MongoSettings, StorageSettings
-
-# The names tests, bench and scripts import from here (``deploy.local`` exports them too).
-__all__ = [
-    "REPO_ROOT",
-    "SERVICES",
-    "STAND_INS",
-    "ModelSpec",
-    "Outcome",
-    "Ports",
-    "Stack",
-    "StackError",
-    "free_ports",
-]
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".state"
 T = TypeVar("T")
@@ -289,6 +275,19 @@ class Stack:
     def requeue_in_flight(self) -> list[str]:
         """Batches in flight when the broker lost its data run again (``deploy.provision``)."""
         return _run(requeue_in_flight(self.mongo_settings(), self.storage_settings()))
+
+    def create_key(self, project: str) -> str:
+        """A new API key of ``project`` on this stack's database, made the way an operator makes
+        one (``batchstream keys create``), for tests and benchmarks that need a second project."""
+        out = subprocess.run(
+            [self.main_python, "-m", "services.client", "keys", "create", "--project", project],
+            env=self.service_env(),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
 
     def reset_aggregator_state(self) -> None:
         """Empty the aggregator's local data dir (used when the broker forgot everything)."""

@@ -26,6 +26,7 @@ from pymongo import MongoClient
 from deploy.local import ModelSpec, Stack, free_ports
 
 TEST_MODEL_NAME = os.environ.get("BATCHSTREAM_TEST_MODEL_NAME", "tiny-llama")
+UNSERVED_MODEL = "unserved-model"
 
 
 def _test_model() -> tuple[ModelSpec, str]:
@@ -74,6 +75,17 @@ def mongo_db(stack: Stack) -> Iterator[Any]:
 def model_id(stack: Stack) -> str:
     """The served model id requests name in ``model``."""
     return stack.models[0].served_name
+
+
+@pytest.fixture(scope="session")
+def unserved_model(mongo_db: Any) -> str:
+    """A model the api knows but no worker serves: its lines wait on Kafka and never run."""
+    mongo_db.models.update_one(
+        {"_id": UNSERVED_MODEL},
+        {"$set": {"created": 1, "max_context_length": 4096, "endpoints": ["/v1/chat/completions"]}},
+        upsert=True,
+    )
+    return UNSERVED_MODEL
 
 
 OwnStack = Callable[..., AbstractContextManager[Stack]]

@@ -1,4 +1,4 @@
-"""Settings for a stack on the instant fake engine (the corpus, outage and load tests use it).
+"""Settings for a stack on the instant fake engine (every such test stack starts from these).
 
 The aggregator's are the Tansu workarounds (one-record producer batches for table recovery, no
 standby) and short chunk, flush and group timings so small batches end in about a second.

@@ -26,7 +26,7 @@ import psutil
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from deploy.local.stack import REPO_ROOT, Stack
+from deploy.local import REPO_ROOT, Stack
 from services.aggregator.sinks import output_file_id
 from shared.kafka import encode
 from shared.mongo import Mongo
@@ -36,21 +36,14 @@ from shared.settings import KafkaSettings, MongoSettings
 from shared.storage import ObjectStore, file_key, result_chunk_prefix
 from shared.topics import results_topic
 from tests.integration.conftest import OwnStack
+from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.metrics import metric_value
 from tests.support.waiting import eventually
 
 AGGREGATOR_ENV = {
     "BATCHSTREAM_LOG_LEVEL": os.environ.get("AGGREGATOR_TEST_LOG_LEVEL", "INFO"),
+    **FAKE_STACK_ENV,
     "BATCHSTREAM_AGGREGATOR_CHUNK_LINES": "1000",
-    "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
-    "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
-    "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
-    "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
-    "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
-    "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
-    "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-    "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
-    "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
     # Short enough that a watchdog firing on a healthy worker shows up here (the worker exits).
     "BATCHSTREAM_AGGREGATOR_STALL_TIMEOUT_S": "15",
     "BATCHSTREAM_AGGREGATOR_STALL_UNASSIGNED_TIMEOUT_S": "30",
@@ -110,6 +103,18 @@ def http_get(url: str) -> bytes:
 
 def health_url(stack: Stack) -> str:
     return f"http://127.0.0.1:{stack.ports.aggregator}/health"
+
+
+async def stalled_health(stack: Stack) -> dict[str, Any] | None:
+    """The aggregator's /health body once it answers 503 ``stalled``; None before."""
+    try:
+        await asyncio.to_thread(http_get, health_url(stack))
+    except urllib.error.HTTPError as error:
+        body: dict[str, Any] = json.loads(error.read())
+        return body if body["status"] == "stalled" else None
+    except OSError:
+        return None  # not listening yet
+    return None
 
 
 async def wait_drained(stack: Stack) -> None:
@@ -456,18 +461,7 @@ async def test_stall_watchdog_reports_and_exits(agg_stack: Stack, clients: Clien
     )
     publisher = asyncio.create_task(trickle())
     try:
-
-        async def stalled() -> dict[str, Any] | None:
-            try:
-                await asyncio.to_thread(http_get, health_url(agg_stack))
-            except urllib.error.HTTPError as error:
-                body: dict[str, Any] = json.loads(error.read())
-                return body if body["status"] == "stalled" else None
-            except OSError:
-                return None  # not listening yet
-            return None
-
-        body = await eventually(stalled, 60, "/health 503 stalled")
+        body = await eventually(lambda: stalled_health(agg_stack), 60, "/health 503 stalled")
         assert "results wait" in body["reason"]
         metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{agg_stack.ports.aggregator}/metrics")
         assert b"batchstream_aggregator_stalls_total 1.0" in metrics
@@ -524,18 +518,7 @@ async def test_stall_during_table_recovery_is_reported_and_exits(agg_stack: Stac
         },
     )
     try:
-
-        async def stalled() -> dict[str, Any] | None:
-            try:
-                await asyncio.to_thread(http_get, health_url(agg_stack))
-            except urllib.error.HTTPError as error:
-                body: dict[str, Any] = json.loads(error.read())
-                return body if body["status"] == "stalled" else None
-            except OSError:
-                return None  # not listening yet
-            return None
-
-        body = await eventually(stalled, 90, "/health 503 stalled")
+        body = await eventually(lambda: stalled_health(agg_stack), 90, "/health 503 stalled")
         print(f"\nstalled while {body['phase']}: {body['reason']}")
         assert body["phase"] in {"rebalancing", "recovering"}, body
         assert f"phase: {body['phase']}" in body["reason"]

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from openai import AsyncOpenAI
 from openai.types import Batch
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack
 from shared.kafka import encode
 from shared.mongo import Mongo
 from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
@@ -32,6 +32,7 @@ from shared.settings import MongoSettings
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
 from tests.integration.conftest import OwnStack
+from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.lines import chat_line, parse_jsonl
 from tests.support.waiting import TERMINAL, eventually
 
@@ -48,18 +49,7 @@ def fast_stack(own_stack: OwnStack) -> Iterator[Stack]:
         "agg",
         ["api", "aggregator", model.component],
         models=[model],
-        extra_env={
-            "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
-            "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
-            "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
-            "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": str(CANCEL_TIMEOUT_S),
-            "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
-            "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
-            "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
-            "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-            "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",  # Tansu table recovery
-            "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
-        },
+        extra_env={**FAKE_STACK_ENV, "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": str(CANCEL_TIMEOUT_S)},
     ) as stack:
         yield stack
 

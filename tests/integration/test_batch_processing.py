@@ -24,12 +24,13 @@ from services.api.service.files import FileService
 from shared.documents import BatchDocument
 from shared.mongo import Mongo
 from shared.protocol.messages import ControlMessage
-from shared.settings import ApiSettings, MongoSettings
+from shared.settings import ApiSettings
 from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
+from tests.support.fresh_mongo import fresh_mongo
 from tests.support.waiting import eventually
 
 MODEL = "poison-test-model"
@@ -51,12 +52,9 @@ class FailingEmitterFake:
 
 @pytest.fixture(scope="module")
 async def mongo(stand_ins: Stack) -> AsyncIterator[Mongo]:
-    database = f"processing_{uuid.uuid4().hex[:8]}"
-    db = Mongo(MongoSettings(uri=stand_ins.env()["BATCHSTREAM_MONGO_URI"], database=database))
-    await db.models.update_one({"_id": MODEL}, {"$set": {"max_context_length": 4096}}, upsert=True)
-    yield db
-    await db.client.drop_database(database)
-    await db.close()
+    async with fresh_mongo(stand_ins, "processing") as db:
+        await db.models.update_one({"_id": MODEL}, {"$set": {"max_context_length": 4096}}, upsert=True)
+        yield db
 
 
 @pytest.fixture

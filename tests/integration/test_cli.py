@@ -20,7 +20,6 @@ from deploy.local.stack import Stack
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-UNSERVED_MODEL = "cli-unserved-model"
 
 
 def command(stack: Stack, *args: str) -> list[str]:
@@ -59,17 +58,6 @@ def write_chat_lines(path: Path, model: str, ids: list[str], **body: Any) -> Pat
     ]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     return path
-
-
-@pytest.fixture(scope="module")
-def unserved_model(mongo_db: Any) -> str:
-    """A model the api knows but no worker serves: its lines wait on Kafka and never run."""
-    mongo_db.models.update_one(
-        {"_id": UNSERVED_MODEL},
-        {"$set": {"created": 1, "max_context_length": 4096, "endpoints": ["/v1/chat/completions"]}},
-        upsert=True,
-    )
-    return UNSERVED_MODEL
 
 
 def test_submit_shows_progress_writes_the_results_and_exits_0(

@@ -16,19 +16,17 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 from openai import AsyncOpenAI
 from openai.types import Batch
 from pymongo import MongoClient
 
 from deploy.local.stack import Stack
-from shared.topics import requests_topic
 from tests.integration.conftest import OwnStack
+from tests.support.request_recorder import RequestRecorder
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 MODEL = "deadline-ghost"  # known to validation, served by no worker: the test consumes its topic
-GROUP = f"batchstream-inference-{MODEL}"
 LINES = 800
 
 
@@ -79,42 +77,25 @@ async def create_batch(client: AsyncOpenAI, prefix: str) -> Batch:
 
 
 async def test_the_batch_due_first_is_sent_first(deadline_stack: Stack, client: AsyncOpenAI) -> None:
-    consumer = AIOKafkaConsumer(
-        requests_topic(deadline_stack.kafka_settings(), MODEL),
-        bootstrap_servers=deadline_stack.kafka_settings().bootstrap_servers,
-        group_id=GROUP,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_poll_records=50,
-    )
     # The later batch's deadline must lie past the earlier one's tier (created_at is whole seconds).
     due_first = await create_batch(client, "first")
     await eventually(_after(due_first.created_at + 2), 10, "two seconds to pass", interval_s=0.05)
     due_later = await create_batch(client, "later")
     assert (due_later.expires_at or 0) - (due_first.expires_at or 0) >= 2
-    sent: dict[int, list[str]] = {}  # per partition, each line's batch id in send (offset) order
-    seen: set[tuple[str, int]] = set()
-    await consumer.start()
+    batches = (due_first.id, due_later.id)
     try:
-        deadline = time.monotonic() + 120
-        while len(seen) < 2 * LINES and time.monotonic() < deadline:
-            got = await consumer.getmany(timeout_ms=200, max_records=50)
-            for partition, records in got.items():
-                for record in records:
-                    message = json.loads(record.value or b"{}")
-                    key = (message["batch_id"], message["line"])
-                    if key not in seen:  # a line sent again counts at its first send
-                        seen.add(key)
-                        sent.setdefault(partition.partition, []).append(key[0])
-            await consumer.commit()
+        async with RequestRecorder(deadline_stack.kafka_settings(), MODEL) as recorder:
+            await recorder.until(lambda: recorder.count(*batches) >= 2 * LINES, 120)
     finally:
-        await consumer.stop()
-        for batch in (due_first, due_later):
-            await client.batches.cancel(batch.id)
-    assert len(seen) == 2 * LINES, f"{len(seen)} of {2 * LINES} lines sent in 120 s"
+        for batch_id in batches:
+            await client.batches.cancel(batch_id)
+    sent = recorder.count(*batches)
+    assert sent == 2 * LINES, f"{sent} of {2 * LINES} lines sent in 120 s"
     # Only the later batch's start lines (its first round, ``start_lines``) may go before the
     # earlier batch is all sent; a round robin between the two would have sent about half of them.
-    later_before = sum(_count_before_last(order, due_later.id, due_first.id) for order in sent.values())
+    later_before = sum(
+        _count_before_last(order, due_later.id, due_first.id) for order in recorder.by_partition().values()
+    )
     assert later_before <= 64, f"{later_before} lines of the later batch went before the earlier's last"
 
 

@@ -25,10 +25,11 @@ from openai import AsyncOpenAI
 from openai.types import Batch
 from pymongo import MongoClient
 
-from deploy.local.stack import ModelSpec, Stack, free_ports
+from deploy.local import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
 from tests.integration.conftest import OwnStack
-from tests.support.keys import create_key
+from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.support.request_recorder import RequestRecorder
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +37,6 @@ FAKE_MODEL = "fake-dispatch"
 GHOST_MODEL = "ghost-dispatch"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 FAKE = ModelSpec("", FAKE_MODEL, engine="fake")
-GROUP = f"batchstream-inference-{FAKE_MODEL}"
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +53,8 @@ def dispatch_stack(own_stack: OwnStack) -> Iterator[Stack]:
             "BATCHSTREAM_DISPATCH_LEASE_RENEW_S": "0.5",
             "BATCHSTREAM_DISPATCH_POSITION_FLUSH_S": "0.2",
             "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
-            "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
-            "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
-            "BATCHSTREAM_AGGREGATOR_SWEEP_SECONDS": "1",
+            **FAKE_STACK_ENV,
             "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "300",  # the dispatcher settles cancels
-            "BATCHSTREAM_AGGREGATOR_SESSION_TIMEOUT_S": "6",
-            "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
-            "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
-            "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-            "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",  # Tansu table recovery
-            "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
         },
     ) as stack:
         yield stack
@@ -244,27 +236,11 @@ async def test_results_dropped_between_worker_and_aggregator_are_sent_again(
 ) -> None:
     """A member of the workers' group consumes requests and commits past them with no result."""
     dispatch_stack.stop([FAKE.component])
-    black_hole = AIOKafkaConsumer(
-        requests_topic(dispatch_stack.kafka_settings(), FAKE_MODEL),
-        bootstrap_servers=dispatch_stack.kafka_settings().bootstrap_servers,
-        group_id=GROUP,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    await black_hole.start()
-    total, dropped = 40, 0
-    try:
+    total = 40
+    async with RequestRecorder(dispatch_stack.kafka_settings(), FAKE_MODEL) as black_hole:
         batch = await create_batch(client, FAKE_MODEL, total, prefix="drop")
-        deadline = time.monotonic() + 60
-        while dropped < total and time.monotonic() < deadline:
-            got = await black_hole.getmany(timeout_ms=500)
-            dropped += sum(
-                json.loads(r.value or b"{}").get("batch_id") == batch.id for rs in got.values() for r in rs
-            )
-            await black_hole.commit()
-    finally:
-        await black_hole.stop()
-    assert dropped >= total, "the black hole did not swallow the batch"
+        swallowed = await black_hole.until(lambda: black_hole.count(batch.id) >= total, 60)
+    assert swallowed, "the black hole did not swallow the batch"
     await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
 
     done = await wait_terminal(client, batch.id, 120)
@@ -344,43 +320,26 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:
     """The test is the workers' group (it consumes, commits, answers nothing) and reads the order."""
-    key = await asyncio.to_thread(create_key, dispatch_stack, "other-team")
+    key = await asyncio.to_thread(dispatch_stack.create_key, "other-team")
     other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
     dispatch_stack.stop([FAKE.component])
-    consumer = AIOKafkaConsumer(
-        requests_topic(dispatch_stack.kafka_settings(), FAKE_MODEL),
-        bootstrap_servers=dispatch_stack.kafka_settings().bootstrap_servers,
-        group_id=GROUP,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_poll_records=50,
-    )
-    await consumer.start()
-    sent_at: dict[tuple[str, int], int] = {}  # (batch, line) -> its first send (record timestamp)
+    urgent: Batch | None = None
     try:
-        mine = await create_batch(client, FAKE_MODEL, 3000, prefix="mine")
-        theirs = await create_batch(other, FAKE_MODEL, 3000, prefix="theirs")
-        urgent: Batch | None = None
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            got = await consumer.getmany(timeout_ms=200, max_records=50)
-            for records in got.values():
-                for record in records:
-                    message = json.loads(record.value or b"{}")
-                    line_key = (message.get("batch_id"), message.get("line"))
-                    sent_at[line_key] = min(record.timestamp, sent_at.get(line_key, record.timestamp))
-            await consumer.commit()
-            ours = [b for b, _ in sent_at if b in (mine.id, theirs.id)]
-            if urgent is None and len(ours) >= 1200:
-                urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
-            if urgent is not None and sum(b == urgent.id for b, _ in sent_at) >= 600:
-                break
+        async with RequestRecorder(dispatch_stack.kafka_settings(), FAKE_MODEL) as recorder:
+            mine = await create_batch(client, FAKE_MODEL, 3000, prefix="mine")
+            theirs = await create_batch(other, FAKE_MODEL, 3000, prefix="theirs")
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                await recorder.poll()
+                if urgent is None and recorder.count(mine.id, theirs.id) >= 1200:
+                    urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
+                if urgent is not None and recorder.count(urgent.id) >= 600:
+                    break
     finally:
-        await consumer.stop()
         await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
     assert urgent is not None
     # The dispatch order: each line's first send (a line sent again counts once), ties by line.
-    order = sorted(sent_at, key=lambda k: (sent_at[k], k[1]))
+    order = [(sent.batch_id, sent.line) for sent in recorder.order()]
     first_urgent = next(i for i, (b, _) in enumerate(order) if b == urgent.id)
     # Fair share: the two projects' batches side by side before the urgent one came.
     before = [b for b, _ in order[:first_urgent] if b in (mine.id, theirs.id)]

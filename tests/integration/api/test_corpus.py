@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.local.stack import ModelSpec, Stack
+from deploy.local import ModelSpec, Stack
 from tests.integration.api.corpus import (
     BYTE_CAP,
     CHAT,
@@ -30,7 +30,6 @@ from tests.integration.api.corpus import (
 )
 from tests.integration.conftest import OwnStack
 from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.support.keys import create_key
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -57,7 +56,7 @@ def api(corpus_stack: Stack) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def keys(corpus_stack: Stack) -> dict[str, str]:
-    return {"own": corpus_stack.api_key, "other": create_key(corpus_stack, "corpus-other-team")}
+    return {"own": corpus_stack.api_key, "other": corpus_stack.create_key("corpus-other-team")}
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -15,9 +10,10 @@ import openai
 import pytest
 from openai import OpenAI
 
-from deploy.local.stack import Stack
+from deploy.local import Stack, free_port
 from tests.integration.api.conftest import extra_api
 from tests.support.lines import chat_request, jsonl
+from tests.support.private_servers import PrivateMongo
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -179,28 +175,15 @@ def test_malformed_requests_get_a_4xx_never_a_500(
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_dependency_down_is_503_with_retry_after(stack: Stack, tmp_path: Any) -> None:
-    port = _free_port()
-    server = os.path.join(os.path.dirname(sys.executable), "secantusd-py")
-    mongo = subprocess.Popen(
-        [server, "--host", "127.0.0.1", "--port", str(port), "--storage-path", str(tmp_path / "mongo")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    mongo = PrivateMongo(free_port(), tmp_path / "mongo")
+    mongo.start()
     try:
-        uri = f"mongodb://127.0.0.1:{port}/?directConnection=true&serverSelectionTimeoutMS=1500"
-        wait_until(lambda: _answers(port), 30, "the private MongoDB")
+        uri = f"mongodb://127.0.0.1:{mongo.port}/?directConnection=true&serverSelectionTimeoutMS=1500"
         with extra_api(stack, BATCHSTREAM_MONGO_URI=uri) as base:
             headers = {"Authorization": f"Bearer {stack.api_key}"}
             assert httpx.get(f"{base}/health").json() == {"status": "healthy"}
-            mongo.send_signal(signal.SIGKILL)
-            mongo.wait()
+            mongo.stop()  # SIGKILL
             health = httpx.get(f"{base}/health", timeout=30)
             assert health.status_code == 503 and health.headers["retry-after"]
             assert "mongodb" in health.json()["unavailable"]
@@ -212,14 +195,4 @@ def test_a_dependency_down_is_503_with_retry_after(stack: Stack, tmp_path: Any) 
             assert response.headers["retry-after"]
             assert time.monotonic() - started < 20
     finally:
-        if mongo.poll() is None:
-            mongo.kill()
-            mongo.wait()
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+        mongo.stop()
