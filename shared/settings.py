@@ -180,8 +180,13 @@ class InferenceSettings(BaseSettings):
     report it."""
     max_in_flight: int = 0
     """Requests on the worker's engine at once (running or queued inside it); its partitions pause
-    while full. Results waiting for the broker's acknowledgement do not count (up to 4 times as
-    many more). 0: twice ``max_num_seqs``."""
+    while full. Results waiting for the broker's acknowledgement do not count (see
+    ``max_publishing``). 0: twice ``max_num_seqs``."""
+    max_publishing: int = Field(default=4096, ge=1)
+    """Results waiting for the broker's acknowledgement at once; while as many wait the worker
+    takes no new request. A fast engine finishes lines far quicker than one acknowledgement
+    returns (128 waiting capped the instant engine at ~3,000 lines/s), and each waits with its
+    result in memory (a few kB)."""
     health_port: int = 0
     """Port of the worker's ``/health`` and ``/metrics``; 0: no health server."""
     health_host: str = "127.0.0.1"

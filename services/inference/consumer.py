@@ -5,7 +5,7 @@ partitions are paused (``getmany`` keeps being called so the group stays alive) 
 there is room. A result is published, and its publish acknowledged by the broker, before its offset
 counts as done; a request waiting for that acknowledgement has left the engine and no longer holds
 one of its places (else a fast engine would idle for every round trip to the broker;
-``PUBLISHING_FACTOR`` bounds those waiting); a partition commits only up to its lowest offset
+``max_publishing`` bounds those waiting); a partition commits only up to its lowest offset
 still in flight (see ``offsets.OffsetTracker``). A publish the broker refuses or does not confirm
 is tried again (bounded, random exponential backoff); when every try fails the worker stops
 without that line's offset committed, and whoever owns the partition next runs the line again.
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 # poll timeout also bounds how long finished lines wait for a commit while no new lines come.
 COMMIT_INTERVAL_S = 0.1  # the default of BATCHSTREAM_INFERENCE_COMMIT_INTERVAL_S
 POLL_TIMEOUT_MS = 100
-PUBLISHING_FACTOR = 4  # requests held in all (on the engine or publishing) per engine place
 # A publish is tried again when the broker refuses or does not confirm it.
 PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
 
@@ -104,6 +103,7 @@ class RequestConsumer:
         topic: str,
         results_topic: str,
         in_flight_limit: int,
+        max_publishing: int = 4096,
         drain_timeout_s: float = 30.0,
         publish_attempts: int = 5,
         publish_retry_max_wait_s: float = 5.0,
@@ -115,6 +115,7 @@ class RequestConsumer:
         self.topic = topic
         self.results_topic = results_topic
         self.in_flight_limit = max(1, in_flight_limit)
+        self.max_publishing = max(1, max_publishing)
         self.drain_timeout_s = drain_timeout_s
         self.publish_attempts = max(1, publish_attempts)
         self.publish_retry_max_wait_s = publish_retry_max_wait_s
@@ -147,6 +148,7 @@ class RequestConsumer:
             topic=requests_topic(kafka, model_id),
             results_topic=results_topic(kafka),
             in_flight_limit=inference.in_flight_limit,
+            max_publishing=inference.max_publishing,
             drain_timeout_s=drain_timeout_s,
             publish_attempts=inference.publish_attempts,
             publish_retry_max_wait_s=inference.publish_retry_max_wait_s,
@@ -195,7 +197,7 @@ class RequestConsumer:
     def _room_left(self) -> int:
         """Requests the worker may take now: places free on the engine, within the bound on
         requests held in all."""
-        held_room = PUBLISHING_FACTOR * self.in_flight_limit - len(self._tasks)
+        held_room = self.in_flight_limit + self.max_publishing - len(self._tasks)
         return min(self.in_flight_limit - self._on_engine, held_room)
 
     async def _wait_for_room(self) -> None:

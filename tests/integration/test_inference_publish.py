@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from deploy.local import free_port
 from services.inference import metrics
-from services.inference.consumer import PUBLISHING_FACTOR, FatalConsumerError, RequestConsumer, make_consumer
+from services.inference.consumer import FatalConsumerError, RequestConsumer, make_consumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from shared.kafka import encode, make_producer
@@ -268,25 +268,27 @@ async def test_results_waiting_for_the_broker_do_not_hold_the_engines_places(
 ) -> None:
     """While no publish is acknowledged the engine still gets new requests (up to the bound on
     requests held in all), never more than its window at once; then every line is published."""
-    lines, window = 40, 4
+    lines, window, publishing = 40, 4, 12
     ends = await publish_requests(kafka, lines)
     group = f"g-{uuid.uuid4().hex[:6]}"
     started, peak = _started(), 0.0
     proxy.dropping = True
-    consumer, producer = worker(kafka, group, publish_attempts=50, publish_retry_max_wait_s=0.5)
+    consumer, producer = worker(
+        kafka, group, publish_attempts=50, publish_retry_max_wait_s=0.5, max_publishing=publishing
+    )
     await producer.start()  # type: ignore[attr-defined]
     running = asyncio.create_task(consumer.run())
 
     def engine_fed_past_its_window() -> bool:
         nonlocal peak
         peak = max(peak, metrics.IN_FLIGHT.collect()[0].samples[0].value)  # as a scrape reads it
-        return _started() - started >= PUBLISHING_FACTOR * window
+        return _started() - started >= window + publishing
 
     try:
         await wait_for(engine_fed_past_its_window, 60, "the engine fed while nothing is acknowledged")
         assert not set(await results_on_topic(kafka)) & {f"line-{n}" for n in range(lines)}
         await asyncio.sleep(0.5)  # the worker's held requests are bounded: no more start meanwhile
-        assert _started() - started == PUBLISHING_FACTOR * window
+        assert _started() - started == window + publishing
         proxy.dropping = False
         await wait_for(lambda: all_committed(consumer, ends), 60, "every line committed")
     finally:
