@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -182,6 +183,10 @@ class InferenceSettings(BaseSettings):
     """Requests on the worker's engine at once (running or queued inside it); its partitions pause
     while full. Results waiting for the broker's acknowledgement do not count (see
     ``max_publishing``). 0: twice ``max_num_seqs``."""
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    """vLLM's queue order when the engine is full. ``priority``: a line of the batch with the
+    fewest lines on this engine goes first, so a batch that just arrived does not queue behind
+    the lines a large one already has waiting inside the engine; ``fcfs``: arrival order."""
     max_publishing: int = Field(default=4096, ge=1)
     """Results waiting for the broker's acknowledgement at once; while as many wait the worker
     takes no new request. A fast engine finishes lines far quicker than one acknowledgement

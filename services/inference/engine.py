@@ -97,8 +97,12 @@ class Engine(Protocol):
         request_id: str,
         *,
         max_context_length: int | None = None,
+        priority: int = 0,
     ) -> Answer:
         """Run one request; ``max_context_length`` caps prompt + output tokens for it.
+
+        ``priority`` orders the engine's own queue when it is full: lower runs first, ties in
+        arrival order (vLLM's priority scheduling); an engine without a queue ignores it.
 
         Raises ``RequestAborted`` when ``abort(request_id)`` stops it and ``CancelledError``
         when the awaiting task is cancelled (the cancellation rule above); ``EngineUnavailable``

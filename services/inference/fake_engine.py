@@ -58,6 +58,7 @@ class FakeEngine:
         request_id: str,
         *,
         max_context_length: int | None = None,
+        priority: int = 0,  # no queue: every request runs at once
     ) -> Answer:
         self.calls += 1
         refusal = refuse_before_running(url, body, self.endpoints)

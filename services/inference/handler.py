@@ -3,6 +3,7 @@ answer, and bounded retries of an engine failure that may pass."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -143,6 +144,7 @@ class RequestHandler:
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry()
         self._running: dict[str, set[str]] = {}  # batch id -> engine request ids in flight
+        self._on_engine: collections.Counter[str] = collections.Counter()  # batch id ("": direct)
 
     def running(self, batch_id: str) -> int:
         return len(self._running.get(batch_id, ()))
@@ -177,15 +179,21 @@ class RequestHandler:
             return never_ran(message, *reason)
         run_id = new_id("req_")
         batch_id = message.batch_id
+        # The engine's queue order: lines of the batch (direct requests: all of them, as one)
+        # with the fewest lines on the engine now go first. vLLM keeps ties in arrival order.
+        group = batch_id or ""
+        priority = self._on_engine[group]
+        self._on_engine[group] += 1
         if batch_id:
             self._running.setdefault(batch_id, set()).add(run_id)
         metrics.LINES.started += 1
         try:
-            answer = await self._answer(message, run_id)
+            answer = await self._answer(message, run_id, priority)
         except RequestAborted:  # only cancel_batch aborts, and only a cancelled batch's lines
             metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
         finally:
+            self._left_engine(group)
             if batch_id:
                 self._forget_run(batch_id, run_id)
         self._count(answer)
@@ -199,6 +207,11 @@ class RequestHandler:
             error=None,
         )
 
+    def _left_engine(self, group: str) -> None:
+        self._on_engine[group] -= 1
+        if self._on_engine[group] <= 0:
+            del self._on_engine[group]
+
     def _forget_run(self, batch_id: str, run_id: str) -> None:
         runs = self._running.get(batch_id)
         if runs is not None:
@@ -206,7 +219,7 @@ class RequestHandler:
             if not runs:
                 del self._running[batch_id]
 
-    async def _answer(self, message: RequestMessage, run_id: str) -> Answer:
+    async def _answer(self, message: RequestMessage, run_id: str, priority: int = 0) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
         may pass; after the last try, its last 5xx answer (or a 500 for an exception)."""
         body = dict(message.body)
@@ -217,7 +230,9 @@ class RequestHandler:
         async def attempt() -> Answer:
             if self.control.cancelled(message.batch_id):
                 raise RequestAborted(run_id)  # cancelled while waiting to try again
-            return await self.engine.run(message.url, body, run_id, max_context_length=limit)
+            return await self.engine.run(
+                message.url, body, run_id, max_context_length=limit, priority=priority
+            )
 
         def retrying() -> AsyncRetrying:  # built only when the first try failed
             return self.retry.retrying({"batch_id": message.batch_id, "custom_id": message.custom_id})

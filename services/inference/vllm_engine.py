@@ -71,6 +71,8 @@ def build_args(settings: InferenceSettings) -> Namespace:
         "--gpu-memory-utilization",
         str(settings.gpu_memory_utilization),
         "--disable-log-stats",
+        "--scheduling-policy",
+        settings.scheduling_policy,
     ]
     if settings.max_model_len > 0:  # 0: the model's own limit
         argv += ["--max-model-len", str(settings.max_model_len)]
@@ -154,11 +156,15 @@ class VllmEngine:
         request_id: str,
         *,
         max_context_length: int | None = None,
+        priority: int = 0,
     ) -> Answer:
         refusal = refuse_before_running(url, body, self.endpoints)
         if refusal is not None:
             return refusal
-        answer = await self._runs.run(request_id, self._serve(url, body, request_id, max_context_length))
+        if self.settings.scheduling_policy != "priority":
+            priority = 0  # vLLM refuses a priority under first-come-first-served scheduling
+        serving = self._serve(url, body, request_id, max_context_length, priority)
+        answer = await self._runs.run(request_id, serving)
         if answer.transient and self._client is not None and self._client.errored:
             # e.g. the engine core got the SIGTERM meant for the worker (a signal to the process
             # group): the serving code answers 500, but that is not this request's outcome.
@@ -170,7 +176,7 @@ class VllmEngine:
         self._runs.abort(request_id)
 
     async def _serve(
-        self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
+        self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None, priority: int
     ) -> Answer:
         try:
             request = _parse(url, body)
@@ -186,6 +192,8 @@ class VllmEngine:
             request.request_id = f"resp_{request_id}"  # the response's id, as OpenAI's look
         elif hasattr(request, "request_id"):
             request.request_id = request_id
+        if hasattr(request, "priority"):
+            request.priority = priority  # the worker's order, not a body's own field
         try:
             if max_context_length is not None and max_context_length < self.max_context_length:
                 refusal = await self._cap_context(url, request, max_context_length)

@@ -41,6 +41,7 @@ class SlowFakeEngine(FakeEngine):
     def __init__(self) -> None:
         super().__init__(model_id="m")
         self.started: dict[str, asyncio.Event] = {}
+        self.priorities: list[int] = []
         self.release = asyncio.Event()
         self.aborted: list[str] = []
         self._changed = asyncio.Event()
@@ -50,8 +51,9 @@ class SlowFakeEngine(FakeEngine):
             await self._changed.wait()
             self._changed.clear()
 
-    async def run(self, url, body, request_id, *, max_context_length=None):  # type: ignore[no-untyped-def]
+    async def run(self, url, body, request_id, *, max_context_length=None, priority=0):  # type: ignore[no-untyped-def]
         self.calls += 1
+        self.priorities.append(priority)
         self.started.setdefault(request_id, asyncio.Event()).set()
         self._changed.set()
         return await self._runs.run(request_id, self._until_released())
@@ -126,3 +128,35 @@ async def test_an_abort_for_shutdown_raises_and_publishes_nothing() -> None:
     done = await asyncio.gather(task, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)
     assert handler.running("b") == 0
+
+
+async def test_a_batch_with_fewer_lines_on_the_engine_is_queued_first() -> None:
+    """The engine's queue order: a batch that just arrived goes before the lines a running batch
+    already has on the engine; direct requests count as one group; a finished line frees its rank."""
+    engine = SlowFakeEngine()
+    handler = RequestHandler(engine)
+
+    def line(batch_id: str | None, n: int) -> RequestMessage:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        return RequestMessage(
+            request_id=f"r-{batch_id}-{n}", custom_id=f"{n}", url=CHAT, body=body, batch_id=batch_id
+        )
+
+    async def admit(*messages: RequestMessage) -> list[asyncio.Task[Any]]:
+        tasks = []
+        for msg in messages:
+            tasks.append(asyncio.create_task(handler.handle(msg)))
+            await engine.wait_started(len(engine.started))  # started in this order
+            await asyncio.sleep(0)
+        return tasks
+
+    big = await admit(*(line("big", n) for n in range(3)))
+    small = await admit(line("small", 0), line("small", 1), line(None, 0), line(None, 1))
+    assert engine.priorities == [0, 1, 2, 0, 1, 0, 1]
+    engine.release.set()
+    await asyncio.gather(*big, *small)
+    engine.release.clear()
+    later = await admit(line("big", 9))
+    assert engine.priorities[-1] == 0  # nothing of it left on the engine
+    engine.release.set()
+    await asyncio.gather(*later)

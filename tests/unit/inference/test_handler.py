@@ -35,7 +35,7 @@ class RecordingFakeEngine(FakeEngine):
         self.fail_with = fail_with
         self.failures = failures
 
-    async def run(self, url, body, request_id, *, max_context_length=None):  # type: ignore[no-untyped-def]
+    async def run(self, url, body, request_id, *, max_context_length=None, priority=0):  # type: ignore[no-untyped-def]
         self.seen.append((url, body, request_id, max_context_length))
         if self.fail_with is not None and len(self.seen) <= self.failures:
             if isinstance(self.fail_with, Exception):
