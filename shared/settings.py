@@ -182,7 +182,9 @@ class InferenceSettings(BaseSettings):
     max_in_flight: int = 0
     """Requests on the worker's engine at once (running or queued inside it); its partitions pause
     while full. Results waiting for the broker's acknowledgement do not count (see
-    ``max_publishing``). 0: twice ``max_num_seqs``."""
+    ``max_publishing``). 0: four times ``max_num_seqs``: the lines beyond it wait inside vLLM,
+    where its priority scheduling (``scheduling_policy``) puts a new batch's lines first, rather
+    than in the topic in arrival order."""
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     """vLLM's queue order when the engine is full. ``priority``: a line of the batch with the
     fewest lines on this engine goes first, so a batch that just arrived does not queue behind
@@ -254,7 +256,7 @@ class InferenceSettings(BaseSettings):
 
     @property
     def in_flight_limit(self) -> int:
-        return self.max_in_flight or 2 * self.max_num_seqs
+        return self.max_in_flight or 4 * self.max_num_seqs
 
 
 class AggregatorSettings(BaseSettings):

@@ -344,7 +344,7 @@ def test_a_pipeline_publishes_requests_and_reads_results_from_its_reply_topic(
 def test_a_cancelled_batch_never_runs_its_unstarted_lines(
     client: OpenAI, stack: Stack, model_id: str
 ) -> None:
-    total = 400  # more than the worker keeps in flight (2 x max_num_seqs = 128)
+    total = 400  # more than the worker keeps in flight (4 x max_num_seqs = 256)
     body = chat_body(model_id, "go on", max_tokens=400, ignore_eos=True)
     started_before = engine_started(stack)
     batch = run_batch(client, CHAT, [request_line(f"c{i}", CHAT, body) for i in range(total)])
@@ -377,7 +377,7 @@ def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Bat
     return run_batch(client, CHAT, [request_line(i, CHAT, body) for i in ids]), ids
 
 
-# The worker keeps at most 2 x max_num_seqs = 128 lines in flight. The signal goes out as soon as
+# The worker keeps at most 4 x max_num_seqs = 256 lines in flight. The signal goes out as soon as
 # its own /metrics shows work (not the batch's counts, which trail by a second: the tiny model can
 # finish hundreds of lines in that time), so most of a 400-line batch is still unread on the topic.
 SIZE = 400
