@@ -57,8 +57,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     store = LocalFirstStore(StorageSettings(), copies, timeout_s=DEPENDENCY_TIMEOUT_S)
     await wait_for_kafka(kafka_settings)
     producer = make_producer(kafka_settings, request_timeout_ms=int(DEPENDENCY_TIMEOUT_S * 1000))
+    # The dispatcher's lines go through a producer (a connection) of their own: a request's
+    # control message (a cancel) must not queue behind megabytes of lines, nor behind the broker
+    # answering slowly while it creates a model's topic (seen: a cancel stuck 8 s).
+    line_producer = make_producer(kafka_settings)
     await producer.start()
     try:
+        await line_producer.start()
         await mongo.ensure_indexes()
         await store.ensure_bucket()
         # The api ends a batch ``failed`` (validation); its event is recorded here, sent by the
@@ -87,7 +92,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             batches=batch_store,
             files=file_store,
             store=store,
-            producer=producer,
+            producer=line_producer,
             kafka=kafka_settings,
             settings=DispatchSettings(),
             owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
@@ -101,6 +106,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await batch_service.shutdown()
         await dispatcher.stop()
     finally:
+        await line_producer.stop()
         await producer.stop()
         await mongo.close()
         copies.remove_all()
