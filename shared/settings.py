@@ -272,9 +272,11 @@ class AggregatorSettings(BaseSettings):
     """Port of the aggregator's ``/health`` and ``/metrics``."""
     chunk_lines: int = 10_000
     """Most results in one chunk object."""
-    chunk_seconds: float = 0.5
+    chunk_seconds: float = 0.25
     """Most seconds a result waits for its chunk to be cut (a chunk holding a batch's last
-    results is cut at once)."""
+    results is cut at once). Live counts follow each chunk: at 0.5 the 50,000-line benchmark's
+    count lag was 0.8-0.9 s at p50, at 0.25 it is 0.55-0.6 s for the same CPU; 0.15 gained
+    nothing more and cost CPU."""
     counts_flush_seconds: float = 0.5
     """How often live ``request_counts`` and ``usage`` still unwritten reach MongoDB (they are
     also written right after each chunk)."""

@@ -2,7 +2,7 @@
 
 faust's ``noack_take(n, within=s)`` yields whatever arrived every ``s`` seconds. With one fixed
 window a batch's last results waited up to the whole window before they were stored and counted,
-so every batch ended up to ``chunk_seconds`` (0.5 s) after its last result (measured: 0.6-0.8 s
+so every batch ended up to the window (then 0.5 s) after its last result (measured: 0.6-0.8 s
 from the last result to ``completed`` on a 7 s batch). A shorter window alone would cut many more,
 smaller chunk objects from a slow stream, and finalize reads every one of them.
 
