@@ -134,7 +134,8 @@ class ApiSettings(BaseSettings):
     a batch read its input there instead of from object storage (least recently used go first;
     0: none)."""
     input_copy_dir: str = ""
-    """Directory for those copies, emptied at start; empty: a new temporary directory."""
+    """Directory for those copies: they live in its ``batchstream-input-copies`` subdirectory,
+    emptied at start and stop (one per api process); empty: a new temporary directory."""
 
     def project_by_key(self) -> dict[str, str]:
         """Map each configured key to its project (``default`` unless named)."""

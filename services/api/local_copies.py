@@ -29,6 +29,8 @@ from shared.storage import READ_CHUNK, ObjectStore, StoredObject
 
 log = logging.getLogger(__name__)
 
+SUBDIRECTORY = "batchstream-input-copies"
+
 
 class LocalCopies:
     """A bounded directory of object copies, by key; thread-safe (uploads run in threads)."""
@@ -42,8 +44,11 @@ class LocalCopies:
 
     @classmethod
     def at(cls, directory: str, max_bytes: int) -> LocalCopies:
-        """In ``directory``, or a fresh temporary directory when it is empty."""
-        return cls(Path(directory or tempfile.mkdtemp(prefix="batchstream-input-copies-")), max_bytes)
+        """In ``SUBDIRECTORY`` of ``directory`` (only that is ever emptied, never what else the
+        directory holds), or in a fresh temporary directory when ``directory`` is empty."""
+        if not directory:
+            return cls(Path(tempfile.mkdtemp(prefix="batchstream-input-copies-")), max_bytes)
+        return cls(Path(directory) / SUBDIRECTORY, max_bytes)
 
     def _path(self, key: str) -> Path:
         return self.directory / key.replace("/", "%2F")

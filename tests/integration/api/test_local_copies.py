@@ -113,3 +113,12 @@ async def test_deleting_a_file_removes_its_copy_and_its_object(store: LocalFirst
     assert list(store.copies.directory.iterdir()) == []
     with pytest.raises(ObjectNotFound):
         await _read(store, key)
+
+
+def test_a_configured_directory_keeps_what_else_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("not ours")
+    copies = LocalCopies.at(str(tmp_path), max_bytes=100)
+    copies.remove_all()
+
+    assert (tmp_path / "precious.txt").read_text() == "not ours"
+    assert not copies.directory.exists()
