@@ -60,7 +60,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # The dispatcher's lines go through a producer (a connection) of their own: a request's
     # control message (a cancel) must not queue behind megabytes of lines, nor behind the broker
     # answering slowly while it creates a model's topic (seen: a cancel stuck 8 s).
-    line_producer = make_producer(kafka_settings)
+    line_producer = make_producer(kafka_settings, request_timeout_ms=int(DEPENDENCY_TIMEOUT_S * 1000))
     await producer.start()
     try:
         await line_producer.start()

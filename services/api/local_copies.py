@@ -38,6 +38,7 @@ class LocalCopies:
     def __init__(self, directory: Path, max_bytes: int) -> None:
         self.directory, self.max_bytes = directory, max_bytes
         self._sizes: OrderedDict[str, int] = OrderedDict()  # oldest use first
+        self._total = 0
         self._lock = threading.Lock()
         shutil.rmtree(directory, ignore_errors=True)  # copies of an earlier process are not known
         directory.mkdir(parents=True, exist_ok=True)
@@ -66,25 +67,35 @@ class LocalCopies:
         return self._path(key).with_name(self._path(key).name + ".part")
 
     def keep(self, key: str, part: Path, size: int) -> None:
-        """A complete copy: keep it, making room by dropping the least recently used."""
+        """A complete copy: keep it, making room by dropping the least recently used. An empty
+        or too large copy is not kept; nor one whose part file is gone (emptied at shutdown)."""
         with self._lock:
-            if size > self.max_bytes:
+            if not 0 < size <= self.max_bytes:
                 part.unlink(missing_ok=True)
                 return
-            while self._sizes and sum(self._sizes.values()) + size > self.max_bytes:
-                oldest, _ = self._sizes.popitem(last=False)
+            while self._sizes and self._total + size > self.max_bytes:
+                oldest, dropped = self._sizes.popitem(last=False)
+                self._total -= dropped
                 self._path(oldest).unlink(missing_ok=True)  # a reader's open handle stays valid
-            os.replace(part, self._path(key))
+            try:
+                os.replace(part, self._path(key))
+            except OSError as exc:
+                log.warning("could not keep a local copy: %s", exc, extra={"key": key})
+                return
             self._sizes[key] = size
+            self._total += size
 
     def drop(self, key: str) -> None:
         with self._lock:
-            if self._sizes.pop(key, None) is not None:
+            size = self._sizes.pop(key, None)
+            if size is not None:
+                self._total -= size
                 self._path(key).unlink(missing_ok=True)
 
     def remove_all(self) -> None:
         with self._lock:
             self._sizes.clear()
+            self._total = 0
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
@@ -101,11 +112,17 @@ class _TeeReader:
         data = self._stream.read(size)
         if self.complete:
             self.copied += len(data)
-            if self.copied > self._limit:
-                self.complete = False
-            else:
-                self._copy.write(data)
+            self.complete = self.copied <= self._limit and self._write(data)
         return data
+
+    def _write(self, data: bytes) -> bool:
+        """Copy ``data``; a failure (a full disk) ends the copy, never the upload."""
+        try:
+            self._copy.write(data)
+        except OSError as exc:
+            log.warning("stopped copying an upload locally: %s", exc)
+            return False
+        return True
 
 
 class LocalFirstStore(ObjectStore):
@@ -121,7 +138,12 @@ class LocalFirstStore(ObjectStore):
         if self.copies.max_bytes <= 0 or length > self.copies.max_bytes:
             return await super().put_stream(key, stream, length)
         part = self.copies.part_path(key)
-        with part.open("wb") as copy:
+        try:
+            copy_file = part.open("wb")
+        except OSError as exc:  # the copy is an optimisation: upload without it
+            log.warning("cannot copy an upload locally: %s", exc)
+            return await super().put_stream(key, stream, length)
+        with copy_file as copy:
             tee = _TeeReader(stream, copy, self.copies.max_bytes)
             try:
                 stored = await super().put_stream(key, tee, length)  # type: ignore[arg-type]

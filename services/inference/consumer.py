@@ -125,7 +125,7 @@ class RequestConsumer:
         self.joined = False  # the group was joined (Kafka answered); see /readyz
         self._stopping = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], str] = {}
-        self._on_engine = 0  # tasks not yet past the engine (their result not yet known)
+        self._engine: set[asyncio.Task[None]] = set()  # tasks whose result is not yet known
         self._room = asyncio.Event()  # set when a request leaves the engine or ends
         self._last_commit = 0.0
         self._fatal: BaseException | None = None
@@ -179,7 +179,7 @@ class RequestConsumer:
 
     def _in_flight(self) -> int:
         """Requests on the engine now (the in-flight gauge, read at each scrape)."""
-        return self._on_engine
+        return len(self._engine)
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -187,7 +187,10 @@ class RequestConsumer:
                 await self._wait_for_room()
             self._apply_backpressure()
             room = self._room_left()
-            batch = await self.consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
+            # Still full (woken by an acknowledged publish while the engine is full): poll the
+            # paused partitions without waiting, so that the next place freed is filled at once.
+            timeout_ms = POLL_TIMEOUT_MS if room > 0 else 0
+            batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max(1, room))
             for partition, records in batch.items():
                 for record in records:
                     self._start(partition, record)
@@ -198,7 +201,7 @@ class RequestConsumer:
         """Requests the worker may take now: places free on the engine, within the bound on
         requests held in all."""
         held_room = self.in_flight_limit + self.max_publishing - len(self._tasks)
-        return min(self.in_flight_limit - self._on_engine, held_room)
+        return min(self.in_flight_limit - len(self._engine), held_room)
 
     async def _wait_for_room(self) -> None:
         """Window full: wake as soon as a request leaves the engine or ends, not after a whole
@@ -221,15 +224,17 @@ class RequestConsumer:
         where = f"{partition.topic}[{partition.partition}]@{record.offset}"
         task = asyncio.create_task(self._process(partition, record, epoch, where))
         self._tasks[task] = where
-        self._on_engine += 1
+        self._engine.add(task)
         task.add_done_callback(self._task_done)
 
-    def _left_engine(self) -> None:
-        self._on_engine -= 1
+    def _left_engine(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._engine.discard(task)
         self._room.set()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
+        self._engine.discard(task)  # also a task cancelled before it ever ran
         self._room.set()
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             self._fatal = task.exception()
@@ -241,7 +246,7 @@ class RequestConsumer:
         try:
             result, reply_topic = await self._result_for(record, where)
         finally:
-            self._left_engine()
+            self._left_engine(asyncio.current_task())
         if result is not None:
             await self._publish(result, reply_topic or self.results_topic, where)
         self.offsets.finish(partition, record.offset, epoch)
