@@ -122,3 +122,12 @@ def test_a_configured_directory_keeps_what_else_it_holds(tmp_path: Path) -> None
 
     assert (tmp_path / "precious.txt").read_text() == "not ours"
     assert not copies.directory.exists()
+
+
+async def test_an_upload_succeeds_when_its_copy_cannot_be_written(store: LocalFirstStore) -> None:
+    store.copies.remove_all()  # the directory is gone: no copy can be written
+    key, data = _key(), b"w" * 5_000
+    await store.put_stream(key, io.BytesIO(data), len(data))
+
+    assert store.copies.path(key) is None
+    assert await _read(store, key, chunk=4096) == data
