@@ -150,6 +150,19 @@ def worker(settings: KafkaSettings, group: str, **options: object) -> tuple[Requ
     return consumer, producer
 
 
+@contextlib.asynccontextmanager
+async def running(consumer: RequestConsumer, producer: object) -> AsyncIterator[None]:
+    """The worker running in this event loop; stopped (drained) and its producer closed after."""
+    await producer.start()  # type: ignore[attr-defined]
+    task = asyncio.create_task(consumer.run())
+    try:
+        yield
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 30)
+        await producer.stop()  # type: ignore[attr-defined]
+
+
 async def results_on_topic(settings: KafkaSettings) -> list[str]:
     """The custom_id of every result the results topic holds (up to the fetch high-water mark)."""
     topic = results_topic(settings)
@@ -210,17 +223,11 @@ async def test_a_refused_publish_is_retried_and_every_line_is_published(
     retries = metrics.PUBLISH_RETRIES._value.get()
     proxy.dropping = True
     consumer, producer = worker(kafka, group, publish_attempts=20, publish_retry_max_wait_s=0.5)
-    await producer.start()  # type: ignore[attr-defined]
-    running = asyncio.create_task(consumer.run())
-    try:
+    async with running(consumer, producer):
         # The witness: the worker saw a publish fail and is trying it again.
         await wait_for(lambda: metrics.PUBLISH_RETRIES._value.get() > retries, 60, "a publish retry")
         proxy.dropping = False
         await wait_for(lambda: all_committed(consumer, ends), 60, "every line committed")
-    finally:
-        consumer.stop()
-        await asyncio.wait_for(running, 30)
-        await producer.stop()  # type: ignore[attr-defined]
     assert proxy.dropped > 0
     published = await results_on_topic(kafka)
     assert set(published) == {f"line-{n}" for n in range(lines)}  # every line, duplicates allowed
@@ -251,14 +258,8 @@ async def test_a_publish_that_keeps_failing_stops_the_worker_without_committing_
 
     proxy.dropping = False
     second, producer = worker(kafka, group)
-    await producer.start()  # type: ignore[attr-defined]
-    running = asyncio.create_task(second.run())
-    try:
+    async with running(second, producer):
         await wait_for(lambda: all_committed(second, ends), 60, "the uncommitted lines run again")
-    finally:
-        second.stop()
-        await asyncio.wait_for(running, 30)
-        await producer.stop()  # type: ignore[attr-defined]
     assert set(await results_on_topic(kafka)) == {f"line-{n}" for n in range(lines)}
     assert await committed(kafka, group, list(ends)) == ends
 
@@ -276,25 +277,19 @@ async def test_results_waiting_for_the_broker_do_not_hold_the_engines_places(
     consumer, producer = worker(
         kafka, group, publish_attempts=50, publish_retry_max_wait_s=0.5, max_publishing=publishing
     )
-    await producer.start()  # type: ignore[attr-defined]
-    running = asyncio.create_task(consumer.run())
 
     def engine_fed_past_its_window() -> bool:
         nonlocal peak
         peak = max(peak, metrics.IN_FLIGHT.collect()[0].samples[0].value)  # as a scrape reads it
         return _started() - started >= window + publishing
 
-    try:
+    async with running(consumer, producer):
         await wait_for(engine_fed_past_its_window, 60, "the engine fed while nothing is acknowledged")
         assert not set(await results_on_topic(kafka)) & {f"line-{n}" for n in range(lines)}
         await asyncio.sleep(0.5)  # the worker's held requests are bounded: no more start meanwhile
         assert _started() - started == window + publishing
         proxy.dropping = False
         await wait_for(lambda: all_committed(consumer, ends), 60, "every line committed")
-    finally:
-        consumer.stop()
-        await asyncio.wait_for(running, 30)
-        await producer.stop()  # type: ignore[attr-defined]
     assert 0 < peak <= window
     assert set(await results_on_topic(kafka)) == {f"line-{n}" for n in range(lines)}
 
