@@ -3,7 +3,6 @@ answer, and bounded retries of an engine failure that may pass."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -143,8 +142,8 @@ class RequestHandler:
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry()
-        self._running: dict[str, set[str]] = {}  # batch id -> engine request ids in flight
-        self._on_engine: collections.Counter[str] = collections.Counter()  # batch id ("": direct)
+        # batch id ("": direct requests, as one) -> engine request ids in flight
+        self._running: dict[str, set[str]] = {}
 
     def running(self, batch_id: str) -> int:
         return len(self._running.get(batch_id, ()))
@@ -182,10 +181,9 @@ class RequestHandler:
         # The engine's queue order: lines of the batch (direct requests: all of them, as one)
         # with the fewest lines on the engine now go first. vLLM keeps ties in arrival order.
         group = batch_id or ""
-        priority = self._on_engine[group]
-        self._on_engine[group] += 1
-        if batch_id:
-            self._running.setdefault(batch_id, set()).add(run_id)
+        runs = self._running.setdefault(group, set())
+        priority = len(runs)
+        runs.add(run_id)
         metrics.LINES.started += 1
         try:
             answer = await self._answer(message, run_id, priority)
@@ -193,9 +191,7 @@ class RequestHandler:
             metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
         finally:
-            self._left_engine(group)
-            if batch_id:
-                self._forget_run(batch_id, run_id)
+            self._forget_run(group, run_id)
         self._count(answer)
         return ResultMessage(
             request_id=message.request_id,
@@ -206,11 +202,6 @@ class RequestHandler:
             response=ResponsePayload(status_code=answer.status, request_id=run_id, body=answer.body),
             error=None,
         )
-
-    def _left_engine(self, group: str) -> None:
-        self._on_engine[group] -= 1
-        if self._on_engine[group] <= 0:
-            del self._on_engine[group]
 
     def _forget_run(self, batch_id: str, run_id: str) -> None:
         runs = self._running.get(batch_id)
