@@ -1,8 +1,11 @@
 """The poll/commit loop: many requests in flight, results published, offsets committed in order.
 
-Each message becomes a task; when ``in_flight_limit`` tasks are on the engine, the assigned
-partitions are paused (``getmany`` keeps being called so the group stays alive) and resumed when
-there is room. A result is published, and its publish acknowledged by the broker, before its offset
+Each message becomes a task; when ``in_flight_limit`` tasks are on the engine the worker stops
+polling until a place frees (``getmany`` takes at most the free places; what aiokafka fetched
+beyond them stays in its buffer). A window full for ``KEEPALIVE_POLL_S`` polls once with its
+partitions paused, so the group does not drop a member whose engine is busy with long requests.
+
+A result is published, and its publish acknowledged by the broker, before its offset
 counts as done; a request waiting for that acknowledgement has left the engine and no longer holds
 one of its places (else a fast engine would idle for every round trip to the broker;
 ``max_publishing`` bounds those waiting); a partition commits only up to its lowest offset
@@ -42,6 +45,10 @@ log = logging.getLogger(__name__)
 # poll timeout also bounds how long finished lines wait for a commit while no new lines come.
 COMMIT_INTERVAL_S = 0.1  # the default of BATCHSTREAM_INFERENCE_COMMIT_INTERVAL_S
 POLL_TIMEOUT_MS = 100
+# A full window still polls this often (partitions paused), well within ``max_poll_interval_ms``.
+# Not on every wake-up: aiokafka drops the records it buffered for a paused partition, and the
+# worker would fetch and decode them again after the resume.
+KEEPALIVE_POLL_S = 30.0
 # A publish is tried again when the broker refuses or does not confirm it.
 PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
 
@@ -108,6 +115,7 @@ class RequestConsumer:
         publish_attempts: int = 5,
         publish_retry_max_wait_s: float = 5.0,
         commit_interval_s: float = COMMIT_INTERVAL_S,
+        keepalive_poll_s: float = KEEPALIVE_POLL_S,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
@@ -120,6 +128,7 @@ class RequestConsumer:
         self.publish_attempts = max(1, publish_attempts)
         self.publish_retry_max_wait_s = publish_retry_max_wait_s
         self.commit_interval_s = commit_interval_s
+        self.keepalive_poll_s = keepalive_poll_s
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self.running = False
         self.joined = False  # the group was joined (Kafka answered); see /readyz
@@ -128,6 +137,7 @@ class RequestConsumer:
         self._engine: set[asyncio.Task[None]] = set()  # tasks whose result is not yet known
         self._room = asyncio.Event()  # set when a request leaves the engine or ends
         self._last_commit = 0.0
+        self._last_poll = time.monotonic()
         self._fatal: BaseException | None = None
 
     @classmethod
@@ -185,17 +195,21 @@ class RequestConsumer:
         while not self._stopping.is_set():
             if self._room_left() <= 0:
                 await self._wait_for_room()
-            self._apply_backpressure()
             room = self._room_left()
-            # Still full (woken by an acknowledged publish while the engine is full): poll the
-            # paused partitions without waiting, so that the next place freed is filled at once.
-            timeout_ms = POLL_TIMEOUT_MS if room > 0 else 0
-            batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max(1, room))
-            for partition, records in batch.items():
-                for record in records:
-                    self._start(partition, record)
+            if room > 0 or time.monotonic() - self._last_poll >= self.keepalive_poll_s:
+                await self._poll(room)
             if time.monotonic() - self._last_commit >= self.commit_interval_s:
                 await self._commit()
+
+    async def _poll(self, room: int) -> None:
+        """Take up to ``room`` requests; with no room, a keep-alive poll of paused partitions."""
+        self._apply_backpressure()
+        self._last_poll = time.monotonic()
+        timeout_ms = POLL_TIMEOUT_MS if room > 0 else 0
+        batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max(1, room))
+        for partition, records in batch.items():
+            for record in records:
+                self._start(partition, record)
 
     def _room_left(self) -> int:
         """Requests the worker may take now: places free on the engine, within the bound on
@@ -212,7 +226,7 @@ class RequestConsumer:
             await asyncio.wait_for(self._room.wait(), POLL_TIMEOUT_MS / 1000)
 
     def _apply_backpressure(self) -> None:
-        """Pause every assigned partition while the window is full (idempotent; covers
+        """Pause every assigned partition for a poll with the window full (idempotent; covers
         partitions assigned meanwhile), resume them once there is room."""
         if self._room_left() <= 0:
             self.consumer.pause(*self.consumer.assignment())

@@ -122,7 +122,7 @@ async def test_one_result_per_request_and_offsets_committed(kafka: KafkaSettings
         RequestHandler(engine),
         topic=requests_topic(kafka, MODEL),
         results_topic=f"{kafka.topic_prefix}results",
-        in_flight_limit=2,  # small, so the window fills and partitions pause and resume
+        in_flight_limit=2,  # small, so the window fills
         drain_timeout_s=5,
     )
     running = asyncio.create_task(worker.run())
@@ -146,6 +146,46 @@ async def test_one_result_per_request_and_offsets_committed(kafka: KafkaSettings
 
     committed = await _committed(kafka, group, list(last))
     assert committed == {tp: offset + 1 for tp, offset in last.items()}
+
+
+async def test_a_window_full_longer_than_the_poll_interval_keeps_its_partitions(
+    kafka: KafkaSettings,
+) -> None:
+    """A worker that stops polling while its engine is full still polls now and then, so the
+    group keeps it: without that, Kafka drops a member that has not polled for
+    ``max_poll_interval_ms`` and its unfinished lines run a second time after it rejoins."""
+    reply = f"{kafka.topic_prefix}replies"
+    await _create_topic(kafka, reply)
+    topic = requests_topic(kafka, MODEL)
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        for i in range(3):  # each runs 2.5 s, one at a time: the window stays full past the interval
+            message = _request(f"slow-{i}", reply, batch_id="batch_slow", line=i + 1)
+            message.body["max_tokens"] = 25
+            await producer.send_and_wait(topic, encode(message), key=b"one-partition")
+        engine = FakeEngine(model_id=MODEL, seconds_per_token=0.1)
+        worker = RequestConsumer(
+            make_consumer(kafka, f"g-{uuid.uuid4().hex[:6]}", max_poll_interval_ms=1500),
+            producer,
+            RequestHandler(engine),
+            topic=topic,
+            results_topic=f"{kafka.topic_prefix}results",
+            in_flight_limit=1,
+            max_publishing=1,
+            keepalive_poll_s=0.5,
+            drain_timeout_s=5,
+        )
+        running = asyncio.create_task(worker.run())
+        try:
+            results = await _collect(kafka, reply, count=3)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 15)
+    finally:
+        await producer.stop()
+    assert sorted(r["custom_id"] for r in results) == ["slow-0", "slow-1", "slow-2"]
+    assert engine.calls == 3  # no line ran twice
 
 
 async def test_the_control_topic_is_read_from_the_beginning_and_followed(kafka: KafkaSettings) -> None:
