@@ -321,9 +321,9 @@ async def test_projects_share_and_a_higher_priority_goes_first(
 ) -> None:
     """The test is the workers' group (it consumes, commits, answers nothing) and reads the order.
 
-    The default project queues three batches, "other-team" one: shared by project, each project
-    gets half of the lines; shared by batch (a policy blind to projects), the default project would
-    get three quarters.
+    The default project queues three batches, "other-team" one later: shared by project, each
+    project gets half of the lines; shared by batch (a policy blind to projects), the default project
+    would get three quarters.
     """
     key = await asyncio.to_thread(dispatch_stack.create_key, "other-team")
     other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
@@ -331,7 +331,11 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     urgent: Batch | None = None
     try:
         async with RequestRecorder(dispatch_stack.kafka_settings(), FAKE_MODEL) as recorder:
-            mine = [await create_batch(client, FAKE_MODEL, 5000, prefix=f"mine{n}") for n in range(3)]
+            mine = [await create_batch(client, FAKE_MODEL, 6000, prefix=f"mine{n}") for n in range(3)]
+            # The other team comes while the default project has the workers to itself: it must
+            # get its share from then on, not first catch up on what was sent before it came.
+            started = await recorder.until(lambda: recorder.count(*(b.id for b in mine)) >= 3000, 60)
+            assert started, "the default project's batches were not dispatched"
             theirs = await create_batch(other, FAKE_MODEL, 8000, prefix="theirs")
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
@@ -346,9 +350,9 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     assert urgent is not None
     # Both projects still had lines queued when the urgent batch's last line went (the dispatcher
     # saves a finished batch's position at once), so it had to be put before them.
-    assert sent[theirs.id] < 8000 and sum(sent[b.id] for b in mine) < 15_000, sent
+    assert sent[theirs.id] < 8000 and sum(sent[b.id] for b in mine) < 18_000, sent
     order = recorder.order()  # each line's first send (a line sent again counts once)
-    sizes = {**{b.id: 5000 for b in mine}, theirs.id: 8000}
+    sizes = {**{b.id: 6000 for b in mine}, theirs.id: 8000}
     first_urgent = next(s.timestamp_ms for s in order if s.batch_id == urgent.id)
     # Fair share, over the rounds in which every one of the four batches had lines queued.
     contended = _contended(order, sizes, first_urgent)
