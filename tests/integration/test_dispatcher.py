@@ -29,7 +29,7 @@ from deploy.local import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
 from tests.integration.conftest import OwnStack
 from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.support.request_recorder import RequestRecorder
+from tests.support.request_recorder import RequestRecorder, Sent
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -319,41 +319,72 @@ async def test_a_cancel_sends_no_further_lines(dispatch_stack: Stack, client: As
 async def test_projects_share_and_a_higher_priority_goes_first(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:
-    """The test is the workers' group (it consumes, commits, answers nothing) and reads the order."""
+    """The test is the workers' group (it consumes, commits, answers nothing) and reads the order.
+
+    The default project queues three batches, "other-team" one later: shared by project, each
+    project gets half of the lines; shared by batch (a policy blind to projects), the default project
+    would get three quarters.
+    """
     key = await asyncio.to_thread(dispatch_stack.create_key, "other-team")
     other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
     dispatch_stack.stop([FAKE.component])
     urgent: Batch | None = None
     try:
         async with RequestRecorder(dispatch_stack.kafka_settings(), FAKE_MODEL) as recorder:
-            mine = await create_batch(client, FAKE_MODEL, 3000, prefix="mine")
-            theirs = await create_batch(other, FAKE_MODEL, 3000, prefix="theirs")
+            mine = [await create_batch(client, FAKE_MODEL, 6000, prefix=f"mine{n}") for n in range(3)]
+            # The other team comes while the default project has the workers to itself: it must
+            # get its share from then on, not first catch up on what was sent before it came.
+            started = await recorder.until(lambda: recorder.count(*(b.id for b in mine)) >= 3000, 60)
+            assert started, "the default project's batches were not dispatched"
+            theirs = await create_batch(other, FAKE_MODEL, 8000, prefix="theirs")
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
                 await recorder.poll()
-                if urgent is None and recorder.count(mine.id, theirs.id) >= 1200:
+                if urgent is None and recorder.count(theirs.id) >= 2000:
                     urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
                 if urgent is not None and recorder.count(urgent.id) >= 600:
                     break
+            sent = {b.id: await sent_lines(db, b.id) for b in (*mine, theirs)}
     finally:
         await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
     assert urgent is not None
-    # The dispatch order: each line's first send (a line sent again counts once), ties by line.
-    order = [(sent.batch_id, sent.line) for sent in recorder.order()]
-    first_urgent = next(i for i, (b, _) in enumerate(order) if b == urgent.id)
-    # Fair share: the two projects' batches side by side before the urgent one came.
-    before = [b for b, _ in order[:first_urgent] if b in (mine.id, theirs.id)]
-    settled = before[len(before) // 3 :]  # past the first rounds' start lines
-    share = settled.count(mine.id) / len(settled)
-    assert 0.35 <= share <= 0.65, f"project shares {share:.2f} / {1 - share:.2f}"
+    # Both projects still had lines queued when the urgent batch's last line went (the dispatcher
+    # saves a finished batch's position at once), so it had to be put before them.
+    assert sent[theirs.id] < 8000 and sum(sent[b.id] for b in mine) < 18_000, sent
+    order = recorder.order()  # each line's first send (a line sent again counts once)
+    sizes = {**{b.id: 6000 for b in mine}, theirs.id: 8000}
+    first_urgent = next(s.timestamp_ms for s in order if s.batch_id == urgent.id)
+    # Fair share, over the rounds in which every one of the four batches had lines queued.
+    contended = _contended(order, sizes, first_urgent)
+    assert len(contended) >= 3000, f"only {len(contended)} lines sent while all four were queued"
+    share = sum(b != theirs.id for b in contended) / len(contended)
+    assert 0.35 <= share <= 0.65, f"project shares {share:.2f} / {1 - share:.2f} (3 batches / 1)"
     # Priority: once queued, the urgent batch has every dispatch round until its last line went
     # (without priority the other project alone would have had half of them).
-    urgent_at = [i for i, (b, _) in enumerate(order) if b == urgent.id]
-    others = [b for b, _ in order[urgent_at[0] : urgent_at[-1]] if b != urgent.id]
+    urgent_at = [i for i, s in enumerate(order) if s.batch_id == urgent.id]
+    others = [s for s in order[urgent_at[0] : urgent_at[-1]] if s.batch_id != urgent.id]
     assert len(others) <= 50, f"{len(others)} other lines were sent while the urgent batch's 600 were"
-    for owner, batch_id in ((client, mine.id), (other, theirs.id), (client, urgent.id)):
-        await owner.batches.cancel(batch_id)
+    for owner, batch in ((client, urgent), *((client, b) for b in mine), (other, theirs)):
+        await owner.batches.cancel(batch.id)
     await other.close()
+
+
+def _contended(order: list[Sent], sizes: dict[str, int], before_ms: int) -> list[str]:
+    """The batch of each line of ``sizes``' batches first sent while all of them had lines queued.
+
+    From the millisecond the last of them started (its first line leads that round) up to, not
+    including, ``before_ms`` or the millisecond the first of them sent its last line. Lines are
+    ordered by their record's send time in milliseconds: the window's ends are cut at whole
+    milliseconds, as the order within one is unknown.
+    """
+    lines: dict[str, list[int]] = {batch_id: [] for batch_id in sizes}
+    for sent in order:
+        if sent.batch_id in lines:
+            lines[sent.batch_id].append(sent.timestamp_ms)
+    start = max(times[0] for times in lines.values())
+    ran_out = [times[-1] for batch_id, times in lines.items() if len(times) >= sizes[batch_id]]
+    end = min([before_ms, *ran_out])
+    return [s.batch_id for s in order if s.batch_id in sizes and start <= s.timestamp_ms < end]
 
 
 async def test_priority_is_echoed_and_checked(dispatch_stack: Stack, client: AsyncOpenAI) -> None:

@@ -61,13 +61,6 @@ class Dispatcher:
         self.clock = clock
         self.leases = LeaseStore(mongo.db["dispatch_leases"], owner, settings.lease_ttl_s)
         self.positions = PositionStore(mongo.db["dispatch_positions"])
-        self.policy = FairSharePolicy(
-            weights=settings.weights(),
-            default_weight=settings.default_project_weight,
-            quantum=settings.quantum_lines,
-            start_lines=settings.start_lines,
-            deadline_resolution_s=settings.deadline_resolution_s,
-        )
         self.probe = GroupProbe(kafka.bootstrap_servers)
         self.sender = LineSender(producer, kafka)
         self.recovery = Recovery(batches, store, self.sender, settings)
@@ -184,7 +177,8 @@ class Dispatcher:
                 continue
             await state.close_cursor()
             self._model(state.model).book.forget([batch_id])
-        self.policy.forget({s.project for s in self.batches.values()})
+        for model, model_state in self.models.items():
+            model_state.policy.forget({s.project for s in self.batches.values() if s.model == model})
 
     def _model(self, model: str) -> ModelState:
         found = self.models.get(model)
@@ -201,6 +195,13 @@ class Dispatcher:
                     max_backlog=s.max_backlog,
                 ),
                 book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
+                policy=FairSharePolicy(
+                    weights=s.weights(),
+                    default_weight=s.default_project_weight,
+                    quantum=s.quantum_lines,
+                    start_lines=s.start_lines,
+                    deadline_resolution_s=s.deadline_resolution_s,
+                ),
             )
             self.models[model] = found
         return found
@@ -283,7 +284,7 @@ class Dispatcher:
         pending: list[Sending] = []
         read: list[QueuedState] = []
         try:
-            for grant in self.policy.plan(queue, budget, now):
+            for grant in state.policy.plan(queue, budget, now):
                 batch = self.batches[grant.batch_id]
                 if batch.cursor is None:
                     batch.cursor = InputCursor(

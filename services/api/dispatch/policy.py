@@ -8,13 +8,16 @@ The order, as the issue asks:
    urgent");
 3. weighted fair share between the projects of a tier: each project has a virtual time that grows
    by ``lines / weight`` as it is served, the project with the lowest goes next, ``quantum_lines``
-   at a time; a project that was idle starts at the lowest virtual time of the others, so idling
-   banks no credit;
+   at a time; a project that joins (new, or back after having nothing queued) first moves up to
+   the lowest virtual time of the tier's projects that stayed queued, so idling banks no credit
+   and a newcomer does not catch up on what the others were sent before it came;
 4. round robin between the batches of one project.
 
 Before that order, a batch that has not started yet gets up to ``start_lines`` lines in its first
 round, so a small batch starts (and, at 10 lines, is wholly sent) within one round whatever is
-queued. Batches past their deadline get nothing: their lines become ``batch_expired`` at finalize.
+queued (charged to its project like any line). Batches past their deadline get nothing: their
+lines become ``batch_expired`` at finalize. One policy plans one model's queue: the virtual times
+are per model, so a project's use of one model does not lower its share of another.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class FairSharePolicy:
     deadline_resolution_s: float = 600.0
     _virtual: dict[str, float] = field(default_factory=dict)
     _last_served: dict[str, tuple[int, str]] = field(default_factory=dict)
+    _queued: set[str] = field(default_factory=set)  # projects with lines queued at the last plan
 
     def weight(self, project: str) -> float:
         return self.weights.get(project, self.default_weight)
@@ -56,6 +60,8 @@ class FairSharePolicy:
     def plan(self, queued: Sequence[QueuedBatch], budget: int, now: float) -> list[Grant]:
         """Split ``budget`` lines between the queued batches, in the order they should be sent."""
         live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
+        tiers = _tiers(live, self.deadline_resolution_s)
+        self._level(tiers)
         granted: dict[str, int] = {}
         left = budget
         for batch in sorted(live, key=_urgency):
@@ -66,7 +72,7 @@ class FairSharePolicy:
                 granted[batch.batch_id] = lines
                 self._charge(batch, lines)
                 left -= lines
-        for tier in _tiers(live, self.deadline_resolution_s):
+        for tier in tiers:
             if left <= 0:
                 break
             left = self._share(tier, granted, left)
@@ -76,9 +82,6 @@ class FairSharePolicy:
         by_project: dict[str, list[QueuedBatch]] = {}
         for batch in sorted(tier, key=lambda b: (b.order, b.batch_id)):
             by_project.setdefault(batch.project, []).append(batch)
-        floor = min((self._virtual[p] for p in by_project if p in self._virtual), default=0.0)
-        for project in by_project:
-            self._virtual[project] = max(self._virtual.get(project, floor), floor)
         while left > 0:
             open_projects = [
                 p for p, batches in by_project.items() if any(_room(b, granted) for b in batches)
@@ -92,6 +95,28 @@ class FairSharePolicy:
             self._charge(batch, lines)
             left -= lines
         return left
+
+    def _level(self, tiers: list[list[QueuedBatch]]) -> None:
+        """Projects joining a tier start level with those that stayed queued there.
+
+        Done before any line of the round is charged (a new batch's start lines included). A
+        project stays if it had lines queued at the last plan and has been served; any other
+        (new, back from having nothing queued, or never served so far, e.g. behind an earlier
+        deadline tier) joins: it moves up to the lowest virtual time of those staying, or, if none
+        stays, the tier's projects start level at the highest of theirs (it never goes down).
+        """
+        queued: set[str] = set()
+        for tier in tiers:
+            projects = {b.project for b in tier}
+            staying = {p for p in projects & self._queued if p in self._last_served}  # served
+            if staying:
+                floor = min(self._virtual[p] for p in staying)
+            else:
+                floor = max((self._virtual.get(p, 0.0) for p in projects), default=0.0)
+            for project in projects - staying:
+                self._virtual[project] = max(self._virtual.get(project, floor), floor)
+            queued |= projects
+        self._queued = queued
 
     def _next_batch(self, project: str, batches: list[QueuedBatch]) -> QueuedBatch:
         """Round robin: the batch after the one this project served last, in creation order."""

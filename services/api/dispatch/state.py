@@ -9,7 +9,7 @@ from typing import Any
 
 from services.api.dispatch.journey import JourneyBook, SentLine
 from services.api.dispatch.meter import Backlog
-from services.api.dispatch.policy import QueuedBatch
+from services.api.dispatch.policy import FairSharePolicy, QueuedBatch
 from services.api.dispatch.positions import Position
 from services.api.dispatch.reader import InputCursor, InputLine
 from shared.protocol.messages import SamplingDefaults
@@ -86,11 +86,12 @@ class QueuedState:
 
 @dataclass
 class ModelState:
-    """One model: its topic's backlog, the journey of its lines, the lease."""
+    """One model: its topic's backlog, the journey of its lines, its queue's policy, the lease."""
 
     topic: str
     backlog: Backlog
     book: JourneyBook
+    policy: FairSharePolicy
     partitions: int = 0
     metered_at: float = 0.0
     held_at: float | None = None  # last lease renewal; None: not held

@@ -121,3 +121,22 @@ def test_the_budget_and_the_remaining_lines_bound_the_grants_with_a_fake_clock()
     grants = policy.plan([batch("a", remaining=5), batch("b", "q", remaining=1000)], 100, clock())
     assert shares(grants) == {"a": 5, "b": 95}
     assert policy.plan([batch("a", remaining=5)], 0, clock()) == []
+
+
+def test_a_new_projects_first_batch_gets_its_start_lines_but_no_catch_up_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    policy = FairSharePolicy(quantum=16, start_lines=32)
+    run_rounds(policy, [batch("a1", "a")], clock, rounds=3, budget=512)  # "a" alone: 1,536 lines
+    joining = batch("b1", "b", started=False, order=1)
+    grants = shares(policy.plan([batch("a1", "a"), joining], 512, clock()))
+    assert abs(grants["a1"] - grants["b1"]) <= 32  # its start lines ahead, then turns
+
+
+def test_a_project_back_from_idle_banks_no_credit_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    policy = FairSharePolicy(quantum=16)
+    run_rounds(policy, [batch("a1", "a"), batch("b1", "b", order=1)], clock, rounds=2, budget=512)
+    done = batch("b1", "b", remaining=0, order=1)  # "b" has nothing left for 20 rounds
+    run_rounds(policy, [batch("a1", "a"), done], clock, rounds=20, budget=512)
+    served = run_rounds(policy, [batch("a1", "a"), batch("b2", "b", order=2)], clock, 2, 512)
+    assert abs(served["a1"] - served["b2"]) <= 16
