@@ -252,8 +252,9 @@ class ResultsPartitions:
 
         ``_committed_offset`` is the next offset faust committed or found committed on
         assignment; ``_acked`` the offsets acked since; ``_gap`` the broker offset gaps it
-        recorded (it counts them as acked); ``_unacked_messages`` a weak set of the messages
-        handed to agents (acked ones linger in it). ``highwater`` is aiokafka's last fetch answer
+        recorded (it counts them as acked; none here, see ``Consumer._add_gap``);
+        ``_unacked_messages`` a weak set of the messages handed to agents (acked ones linger in
+        it). ``highwater`` is aiokafka's last fetch answer
         (``None`` before the first one; Tansu's ListOffsets LATEST is wrong, the fetch's mark is
         right). Canary: ``test_the_offsets_view_reads_faust_bookkeeping``.
         """
