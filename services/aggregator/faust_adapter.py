@@ -9,7 +9,8 @@ The workarounds:
 
 1. **Fetch wait** (``ConsumerThread``): faust hard-codes ``fetch_max_wait_ms=1500``; Tansu holds a
    fetch for the full wait, so results arrived in bursts up to 1.5 s apart. Set from the settings.
-2. **Commit guard** (``Consumer._new_offset``): faust commits past an offset that was never acked.
+2. **Commit guard** (``Consumer._new_offset``, ``Consumer._add_gap``): faust commits past an
+   offset that was never acked, and records skipped offsets as broker gaps that it counts as acked.
 3. **Offsets view** (``ResultsPartitions.offsets``): faust's commit bookkeeping (committed, acked,
    recorded gaps, messages in flight) is private; the gap rewinder (``offset_gaps.py``) and the
    stall watchdog (``watchdog.py``) read it without a call into faust's consumer thread, which is
@@ -109,6 +110,33 @@ class Consumer(faust_aiokafka.Consumer):
         if committed is not None and lowest is not None and lowest > committed:
             return None
         return super()._new_offset(tp)
+
+    async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        """Record nothing: on the results topic an offset the fetch loop skips was dropped.
+
+        faust records a "broker offset gap" whenever its fetch loop hands out an offset more than
+        one past the last one it read (``_drain_messages``), and ``_new_offset`` later counts the
+        gap as acked. Real gaps come from transactions and compaction, which the results topics
+        never have (this app's only acking topic). The jumps seen here came from the seek to the
+        committed offsets at the end of table recovery (and from the rewind), while the fetch
+        loop still handed out what it fetched before the seek. Measured in
+        ``tests/integration/test_aggregator.py`` under CPU load, after a SIGKILL and restart:
+
+        - offsets that were delivered again after the seek were then in ``_acked`` twice, and
+          faust's run of consecutive offsets stops at a repeat, so each commit moved one offset
+          (one per ``broker_commit_interval``: 5 to 19 in 7 s). Meanwhile the lowest acked offset
+          sat below the committed one, so the gap rewinder saw no hole above it until the
+          commit crawled up to it. With more repeats than that, the 15 s stall watchdog of that
+          test fires first (CI: the rewind came 15 s late, /health answered 503);
+        - offsets never delivered at all were committed past as if processed: the committed
+          offset jumped from 19 to 1713 and the batch's missing lines never came (it completed
+          only when a fresh consumer group read the topic again).
+
+        Without the record a skipped offset is a hole: the commit guard above waits on it and
+        the gap rewinder fetches it again (offset_gaps.py).
+        Canary: ``test_faust_alone_counts_a_recorded_gap_as_acked``.
+        """
+        self.log.dev("offsets %r-%r of %r skipped by the fetch loop: a hole", offset_from, offset_to, tp)
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return self.thread_class(self, loop=self.loop, beacon=self.beacon)
@@ -224,8 +252,9 @@ class ResultsPartitions:
 
         ``_committed_offset`` is the next offset faust committed or found committed on
         assignment; ``_acked`` the offsets acked since; ``_gap`` the broker offset gaps it
-        recorded (it counts them as acked); ``_unacked_messages`` a weak set of the messages
-        handed to agents (acked ones linger in it). ``highwater`` is aiokafka's last fetch answer
+        recorded (it counts them as acked; none here, see ``Consumer._add_gap``);
+        ``_unacked_messages`` a weak set of the messages handed to agents (acked ones linger in
+        it). ``highwater`` is aiokafka's last fetch answer
         (``None`` before the first one; Tansu's ListOffsets LATEST is wrong, the fetch's mark is
         right). Canary: ``test_the_offsets_view_reads_faust_bookkeeping``.
         """

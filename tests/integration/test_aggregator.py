@@ -366,7 +366,11 @@ async def test_a_batch_left_finalizing_without_state_ends_from_its_chunks(
     assert doc["usage"] == usage
     output = await read_lines(clients.store, doc["output_file_id"])
     assert [line["custom_id"] for line in output] == ["req-1", "req-2", "req-3", "req-5"]
-    assert await clients.store.list_keys(result_chunk_prefix(batch_id)) == []
+
+    async def chunks_deleted() -> bool:  # deleted after the batch ends (sinks.py), so waited for
+        return not await clients.store.list_keys(result_chunk_prefix(batch_id))
+
+    await eventually(chunks_deleted, 10, "chunk objects deleted")
 
 
 async def test_restart_mid_batch_keeps_counts_exact(

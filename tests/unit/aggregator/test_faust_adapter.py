@@ -89,6 +89,30 @@ def test_the_consumer_does_not_commit_past_an_offset_that_was_never_acked(consum
     assert consumer._new_offset(TP_UNDER_TEST) == 103
 
 
+def test_faust_alone_counts_a_recorded_gap_as_acked(consumer: Any) -> None:
+    """Canary: why the consumer overrides ``_add_gap`` (fails once faust stops counting a gap it
+    recorded as acked). Offsets 6-20 recorded as a gap while 5-10 were acked: 6-10 are counted
+    twice, so a commit moves one offset at a time; with 6-20 never acked, it commits past them."""
+    acked_after(consumer, 5, [5, 6, 7, 8, 9, 10])
+    asyncio.run(faust_aiokafka.Consumer._add_gap(consumer, TP_UNDER_TEST, 6, 20))
+    assert faust_aiokafka.Consumer._new_offset(consumer, TP_UNDER_TEST) == 7
+    consumer._gap.pop(TP_UNDER_TEST)
+    acked_after(consumer, 5, [5, 21, 22])
+    asyncio.run(faust_aiokafka.Consumer._add_gap(consumer, TP_UNDER_TEST, 6, 20))
+    assert faust_aiokafka.Consumer._new_offset(consumer, TP_UNDER_TEST) == 23
+
+
+def test_offsets_the_fetch_loop_skips_stay_a_hole(consumer: Any) -> None:
+    """Skipped offsets are neither counted as acked nor committed past: the commit takes every
+    offset acked below the hole at once and then waits for the rewinder to fetch the hole."""
+    acked_after(consumer, 5, [5, 6, 7, 8, 9, 10, 21, 22])
+    asyncio.run(consumer._add_gap(TP_UNDER_TEST, 6, 20))
+    assert not consumer._gap.get(TP_UNDER_TEST)
+    assert consumer._new_offset(TP_UNDER_TEST) == 11
+    consumer._committed_offset[TP_UNDER_TEST] = 11
+    assert consumer._new_offset(TP_UNDER_TEST) is None  # 11-20 never acked
+
+
 # --- 3. offsets view
 
 
@@ -98,7 +122,7 @@ def test_the_offsets_view_reads_faust_bookkeeping(consumer: Any, monkeypatch: py
     assert consumer._committed_offset[TP("never-seen", 0)] is None
     consumer._committed_offset.pop(TP("never-seen", 0))
     acked_after(consumer, 100, [103, 104])
-    asyncio.run(consumer._add_gap(TP_UNDER_TEST, 110, 111))  # faust records a broker gap
+    asyncio.run(faust_aiokafka.Consumer._add_gap(consumer, TP_UNDER_TEST, 110, 111))  # faust's own record
     results = ResultsPartitions(app, TP_UNDER_TEST.topic)
     monkeypatch.setattr(results, "owned", lambda: [TP_UNDER_TEST])
     monkeypatch.setattr(consumer, "highwater", lambda tp: 120)
