@@ -128,6 +128,7 @@ class ProcessSampler:
         self.interval_s = interval_s
         self.peak_rss: dict[str, int] = dict.fromkeys(pids, 0)
         self.cpu_start: dict[str, float] = {}
+        self.cpu_marked: dict[str, float] = {}
         self.cpu_end: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -150,9 +151,17 @@ class ProcessSampler:
                 self.peak_rss[name] = max(self.peak_rss[name], rss_bytes(pid))
             self._stop.wait(self.interval_s)
 
+    def mark(self) -> None:
+        """Read every service's CPU now: ``cpu_since_mark`` is what they used from here on."""
+        self.cpu_marked = {n: cpu_seconds(p) for n, p in self.pids.items()}
+
     @property
     def cpu(self) -> dict[str, float]:
         return {n: self.cpu_end.get(n, 0.0) - self.cpu_start.get(n, 0.0) for n in self.pids}
+
+    @property
+    def cpu_since_mark(self) -> dict[str, float]:
+        return {n: self.cpu_end.get(n, 0.0) - self.cpu_marked.get(n, 0.0) for n in self.pids}
 
 
 # ------------------------------------------------------------------------------------ polling

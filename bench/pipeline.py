@@ -29,16 +29,19 @@ from __future__ import annotations
 
 import bisect
 import collections
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import dispatch
 from bench.common import (
@@ -183,6 +186,7 @@ def _measure(
     small_file = upload_small(client, "during")
 
     pids = {name: pid for name in service_names(stack) if (pid := stack.pid(name)) is not None}
+    lag_before = aggregator_lag_sums(stack)
     tap = ResultsTap(stack)
     profiler = None
     if args.profile and args.profile != "none":
@@ -197,6 +201,7 @@ def _measure(
         with big_path.open("rb") as fh:
             upload = client.files.create(file=("big.jsonl", fh), purpose="batch")
         t_create = time.time()
+        sampler.mark()  # the batch's own CPU, without the upload's
         big = client.batches.create(
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
@@ -207,6 +212,7 @@ def _measure(
         t_done = time.time()
         tap.wait_for(big.id, args.lines, 30)
     tap.close()
+    lag_parts = lag_breakdown(lag_before, aggregator_lag_sums(stack))
     profile = None
     if profiler is not None:
         profile = profile_summary(profiler.stop())
@@ -253,8 +259,10 @@ def _measure(
         "results_seen_on_topic": len(results),
         "count_updates_seen": len(big_trace.counts),
         "live_count_lag_s": lag,
+        "live_count_lag_parts_s": lag_parts,
         "cpu_s": cpu,
         "cpu_s_per_1000_lines": {n: c / lines * 1000 for n, c in cpu.items()},
+        "batch_cpu_s_per_1000_lines": {n: c / lines * 1000 for n, c in sampler.cpu_since_mark.items()},
         "cpu_s_total": sum(cpu.values()),
         "bench_client_cpu_s": sampler.client_cpu_s,
         "peak_rss_mib": {n: b / 2**20 for n, b in sampler.peak_rss.items()},
@@ -317,6 +325,42 @@ def plumbing_figures(r: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
     ]
 
 
+LAG_STAGES = {
+    # name in the output: the aggregator's histogram and labels (services/aggregator/metrics.py)
+    "polled_oldest": ("batchstream_aggregator_result_age_seconds", ("polled", "oldest")),
+    "polled_newest": ("batchstream_aggregator_result_age_seconds", ("polled", "newest")),
+    "chunk_started_oldest": ("batchstream_aggregator_result_age_seconds", ("chunk_started", "oldest")),
+    "chunk_started_newest": ("batchstream_aggregator_result_age_seconds", ("chunk_started", "newest")),
+    "chunk_processing": ("batchstream_aggregator_chunk_seconds", ()),
+}
+
+
+def aggregator_lag_sums(stack: Stack) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of the aggregator's lag histograms, scraped from its /metrics."""
+    url = f"http://127.0.0.1:{stack.ports.aggregator}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    found: dict[tuple[str, tuple[str, ...]], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sample.labels[k] for k in ("stage", "end") if k in sample.labels)
+            for suffix, index in (("_sum", 0), ("_count", 1)):
+                if sample.name.endswith(suffix):
+                    found[(sample.name.removesuffix(suffix), labels)][index] += sample.value
+    return {name: tuple(found.get(key, [0.0, 0.0])) for name, key in LAG_STAGES.items()}  # type: ignore[misc]
+
+
+def lag_breakdown(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Mean of each lag histogram over the big batch (the difference of two scrapes)."""
+    means = {}
+    for name in LAG_STAGES:
+        total, count = (a - b for a, b in zip(after[name], before[name], strict=True))
+        means[name] = total / count if count else float("nan")
+    return means
+
+
 def _count_lag(results: list[float], counts: list[tuple[float, int]]) -> dict[str, float]:
     """Per result k (in time order): when the document's count first reached k, minus its time."""
     if not results or not counts:
@@ -338,6 +382,9 @@ def _count_lag(results: list[float], counts: list[tuple[float, int]]) -> dict[st
 def _print(r: dict[str, Any]) -> None:
     s = r["settings"]
     lag = r["live_count_lag_s"]
+    parts = r.get("live_count_lag_parts_s") or {}
+    batch_cpu = r.get("batch_cpu_s_per_1000_lines") or {}
+    nan = float("nan")
     hol = r["head_of_line"]
     rows = [
         ["upload", r["upload_s"], f"{r['upload_mb_per_s']:.1f} MB/s", ""],
@@ -366,6 +413,19 @@ def _print(r: dict[str, Any]) -> None:
             f"{lag.get('p95', 0):.2f} / {lag.get('max', 0):.2f} s",
             "",
         ],
+        [
+            "  a result's age when polled (mean of oldest / newest)",
+            parts.get("polled_oldest", float("nan")),
+            f"{parts.get('polled_newest', float('nan')):.2f} s",
+            "",
+        ],
+        [
+            "  ... when its chunk starts (oldest / newest)",
+            parts.get("chunk_started_oldest", float("nan")),
+            f"{parts.get('chunk_started_newest', float('nan')):.2f} s",
+            "",
+        ],
+        ["  ... + the chunk until counted (mean)", parts.get("chunk_processing", float("nan")), "", ""],
         [f"{s['small_lines']}-line batch alone (median)", hol["alone_median_s"], "", ""],
         [
             f"{s['small_lines']}-line batch during the big one",
@@ -386,16 +446,33 @@ def _print(r: dict[str, Any]) -> None:
     print()
     print(
         table(
-            "Per service during the big batch (upload to completed)",
-            ["service", "CPU s", "CPU s / 1,000 lines", "peak RSS MiB"],
+            "Per service during the big batch (upload to completed; the batch alone: create to completed)",
+            ["service", "CPU s", "CPU s / 1,000 lines", "batch alone", "peak RSS MiB"],
             [
-                [n, r["cpu_s"][n], r["cpu_s_per_1000_lines"][n], r["peak_rss_mib"][n]]
+                [n, r["cpu_s"][n], r["cpu_s_per_1000_lines"][n], batch_cpu.get(n, nan), r["peak_rss_mib"][n]]
                 for n in sorted(r["cpu_s"], key=lambda n: -r["cpu_s"][n])
             ]
-            + [["(all)", r["cpu_s_total"], r["cpu_s_total"] / s["lines"] * 1000, float("nan")]],
+            + [
+                [
+                    "(all)",
+                    r["cpu_s_total"],
+                    r["cpu_s_total"] / s["lines"] * 1000,
+                    sum(batch_cpu.values()) if batch_cpu else nan,
+                    nan,
+                ]
+            ],
         )
     )
     print(f"bench client CPU (upload, polling, results tap): {r['bench_client_cpu_s']:.1f} s")
+    stand_ins = sum(v for n, v in batch_cpu.items() if not n.startswith(OUR_SERVICES))
+    if stand_ins > 0:
+        cores = len(os.sched_getaffinity(0))
+        ceiling = cores / stand_ins * 1000
+        print(
+            f"the stand-ins (broker, S3, MongoDB) alone used {stand_ins:.2f} CPU s per 1,000 lines of "
+            f"the batch: on {cores} cores no batch runs faster than {ceiling:,.0f} lines/s "
+            f"({ceiling / YARDSTICK_LINES_PER_S:.1f}x the yardstick) even if our services cost nothing"
+        )
     print()
     print(
         table(

@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 
+from services.aggregator import metrics
 from services.aggregator.coalescer import ChunkCoalescer
 from services.aggregator.pipeline import ChunkPipeline
 
@@ -86,6 +87,8 @@ class ResultsIntake(Generic[E]):
     async def add(self, events: list[E]) -> None:
         """One poll's events (possibly none)."""
         self._progress()
+        if events:
+            _observe_ages("polled", events)
         await self._coalescer.add(events)
 
     @contextlib.asynccontextmanager
@@ -115,17 +118,19 @@ class ResultsIntake(Generic[E]):
 
     async def _handle(self, events: list[E]) -> None:
         started = time.perf_counter()
-        oldest = min(event.message.timestamp for event in events)
+        oldest = _observe_ages("chunk_started", events)
         await self.process_until_done([event.value for event in events])
         for event in events:
             await self._ack(event)
         self._coalescer.settled(events)
         await self._after_chunk()
+        seconds = time.perf_counter() - started
+        metrics.CHUNK_SECONDS.observe(seconds)
         log.debug(
             "chunk processed",
             extra={
                 "events": len(events),
-                "seconds": round(time.perf_counter() - started, 4),
+                "seconds": round(seconds, 4),
                 # Since the oldest event's Kafka timestamp: how far behind the results we are.
                 "behind_s": round(time.time() - oldest, 3),
             },
@@ -143,3 +148,13 @@ class ResultsIntake(Generic[E]):
                 await self._coalescer.tick()
             except Exception:
                 log.exception("cutting an old chunk failed; retrying at the next tick")
+
+
+def _observe_ages(stage: str, events: Sequence[ResultEvent]) -> float:
+    """Record the age of the oldest and newest of ``events`` now; returns the oldest timestamp."""
+    stamps = [event.message.timestamp for event in events]
+    oldest, newest = min(stamps), max(stamps)
+    now = time.time()
+    metrics.RESULT_AGE.labels(stage, "oldest").observe(now - oldest)
+    metrics.RESULT_AGE.labels(stage, "newest").observe(now - newest)
+    return oldest

@@ -30,6 +30,24 @@ BATCHES_FINALIZED = Counter(
 COUNT_UPDATES = Counter(
     "batchstream_aggregator_count_updates_total", "Batch documents updated with live counts."
 )
+# Where a live count's lag goes (the pipeline benchmark prints these): a result's age, from its
+# Kafka timestamp, when the agent's poll took it and when its chunk's processing began; and how
+# long a chunk takes from there until its counts are in MongoDB. Observed per poll and per chunk
+# (the chunk's oldest and newest result), never per line.
+_AGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+RESULT_AGE = Histogram(
+    "batchstream_aggregator_result_age_seconds",
+    "Age of the oldest and newest result of each poll (stage=polled) and of each chunk as its "
+    "processing begins (stage=chunk_started), from the result's Kafka timestamp.",
+    ["stage", "end"],
+    buckets=_AGE_BUCKETS,
+)
+CHUNK_SECONDS = Histogram(
+    "batchstream_aggregator_chunk_seconds",
+    "A chunk from the start of its processing until its counts are in MongoDB (stored, counted, "
+    "acked, counts flushed).",
+    buckets=_AGE_BUCKETS,
+)
 FINALIZE_SECONDS = Histogram(
     "batchstream_aggregator_finalize_seconds", "Time to merge and register a batch's files."
 )
