@@ -181,7 +181,7 @@ class InferenceSettings(BaseSettings):
     which the batch's ``usage.input_tokens_details.cached_tokens`` sums. Responses bodies always
     report it."""
     max_in_flight: int = 0
-    """Requests on the worker's engine at once (running or queued inside it); its partitions pause
+    """Requests on the worker's engine at once (running or queued inside it); it takes no more
     while full. Results waiting for the broker's acknowledgement do not count (see
     ``max_publishing``). 0: four times ``max_num_seqs``: the lines beyond it wait inside vLLM,
     where its priority scheduling (``scheduling_policy``) puts a new batch's lines first, rather
