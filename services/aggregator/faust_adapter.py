@@ -9,8 +9,9 @@ The workarounds:
 
 1. **Fetch wait** (``ConsumerThread``): faust hard-codes ``fetch_max_wait_ms=1500``; Tansu holds a
    fetch for the full wait, so results arrived in bursts up to 1.5 s apart. Set from the settings.
-2. **Commit guard** (``Consumer._new_offset``, ``Consumer._add_gap``): faust commits past an
-   offset that was never acked, and records skipped offsets as broker gaps that it counts as acked.
+2. **Commit guard and no recorded gaps** (``Consumer._new_offset``, ``Consumer._add_gap``): faust
+   commits past an offset that was never acked, and records skipped offsets as broker gaps that
+   it counts as acked.
 3. **Offsets view** (``ResultsPartitions.offsets``): faust's commit bookkeeping (committed, acked,
    recorded gaps, messages in flight) is private; the gap rewinder (``offset_gaps.py``) and the
    stall watchdog (``watchdog.py``) read it without a call into faust's consumer thread, which is

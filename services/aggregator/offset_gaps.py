@@ -43,7 +43,7 @@ class PartitionOffsets:
 
     committed: int | None  # the next offset to process (None: nothing committed yet)
     acked: Sequence[int]  # acked, not committed yet
-    gap_starts: Sequence[int]  # where faust's recorded broker offset gaps start (it counts them as acked)
+    gap_starts: Sequence[int]  # faust's recorded broker offset gaps (none: faust_adapter.Consumer._add_gap)
     highwater: int | None  # the last fetch's high-water mark (None: no fetch answer yet)
     in_flight: Sequence[int]  # delivered to the agent, not acked yet
 

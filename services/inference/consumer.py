@@ -2,8 +2,8 @@
 
 Each message becomes a task; when ``in_flight_limit`` tasks are on the engine the worker stops
 polling until a place frees (``getmany`` takes at most the free places; what aiokafka fetched
-beyond them stays in its buffer). A window full for ``KEEPALIVE_POLL_S`` polls once with its
-partitions paused, so the group does not drop a member whose engine is busy with long requests.
+beyond them stays in its buffer). A window that stays full polls every ``KEEPALIVE_POLL_S`` with
+its partitions paused, so the group does not drop a member whose engine is busy with long requests.
 
 A result is published, and its publish acknowledged by the broker, before its offset
 counts as done; a request waiting for that acknowledgement has left the engine and no longer holds
@@ -128,6 +128,10 @@ class RequestConsumer:
         self.publish_attempts = max(1, publish_attempts)
         self.publish_retry_max_wait_s = publish_retry_max_wait_s
         self.commit_interval_s = commit_interval_s
+        # A third of the group's poll deadline at most, whatever the consumer was built with.
+        deadline_ms = getattr(consumer, "_max_poll_interval_ms", None)
+        if isinstance(deadline_ms, int | float) and deadline_ms > 0:
+            keepalive_poll_s = min(keepalive_poll_s, deadline_ms / 3000)
         self.keepalive_poll_s = keepalive_poll_s
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self.running = False

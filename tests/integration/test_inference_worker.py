@@ -160,20 +160,20 @@ async def test_a_window_full_longer_than_the_poll_interval_keeps_its_partitions(
     producer = make_producer(kafka)
     await producer.start()
     try:
-        for i in range(3):  # each runs 2.5 s, one at a time: the window stays full past the interval
+        for i in range(3):  # each runs 4 s, one at a time: the window stays full past the interval
             message = _request(f"slow-{i}", reply, batch_id="batch_slow", line=i + 1)
-            message.body["max_tokens"] = 25
+            message.body["max_tokens"] = 40
             await producer.send_and_wait(topic, encode(message), key=b"one-partition")
         engine = FakeEngine(model_id=MODEL, seconds_per_token=0.1)
         worker = RequestConsumer(
-            make_consumer(kafka, f"g-{uuid.uuid4().hex[:6]}", max_poll_interval_ms=1500),
+            make_consumer(kafka, f"g-{uuid.uuid4().hex[:6]}", max_poll_interval_ms=2500),
             producer,
             RequestHandler(engine),
             topic=topic,
             results_topic=f"{kafka.topic_prefix}results",
             in_flight_limit=1,
             max_publishing=1,
-            keepalive_poll_s=0.5,
+            keepalive_poll_s=0.2,
             drain_timeout_s=5,
         )
         running = asyncio.create_task(worker.run())

@@ -52,7 +52,7 @@ class FairSharePolicy:
     deadline_resolution_s: float = 600.0
     _virtual: dict[str, float] = field(default_factory=dict)
     _last_served: dict[str, tuple[int, str]] = field(default_factory=dict)
-    _queued: set[str] = field(default_factory=set)  # projects with lines queued at the last plan
+    _reached: set[str] = field(default_factory=set)  # projects of the tiers the last plan shared
 
     def weight(self, project: str) -> float:
         return self.weights.get(project, self.default_weight)
@@ -72,9 +72,11 @@ class FairSharePolicy:
                 granted[batch.batch_id] = lines
                 self._charge(batch, lines)
                 left -= lines
+        self._reached = set()
         for tier in tiers:
             if left <= 0:
                 break
+            self._reached |= {b.project for b in tier}
             left = self._share(tier, granted, left)
         return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
 
@@ -97,26 +99,25 @@ class FairSharePolicy:
         return left
 
     def _level(self, tiers: list[list[QueuedBatch]]) -> None:
-        """Projects joining a tier start level with those that stayed queued there.
+        """Projects joining a tier start level with those that stayed in the share.
 
         Done before any line of the round is charged (a new batch's start lines included). A
-        project stays if it had lines queued at the last plan and has been served; any other
-        (new, back from having nothing queued, or never served so far, e.g. behind an earlier
-        deadline tier) joins: it moves up to the lowest virtual time of those staying, or, if none
-        stays, the tier's projects start level at the highest of theirs (it never goes down).
+        project stays if the last plan's fair share reached a tier it had lines in; any other
+        (new, back from having nothing queued, or waiting behind a higher priority or an earlier
+        deadline) joins: it moves up to the lowest virtual time of those staying, or, if none
+        stays, the tier's projects start level at the highest of theirs (it never goes down). So
+        what a project was sent in another tier, or before the other arrived, is not caught up
+        on, and the split does not depend on whether start lines were granted in between.
         """
-        queued: set[str] = set()
         for tier in tiers:
             projects = {b.project for b in tier}
-            staying = {p for p in projects & self._queued if p in self._last_served}  # served
+            staying = projects & self._reached
             if staying:
-                floor = min(self._virtual[p] for p in staying)
+                floor = min(self._virtual.get(p, 0.0) for p in staying)
             else:
                 floor = max((self._virtual.get(p, 0.0) for p in projects), default=0.0)
             for project in projects - staying:
                 self._virtual[project] = max(self._virtual.get(project, floor), floor)
-            queued |= projects
-        self._queued = queued
 
     def _next_batch(self, project: str, batches: list[QueuedBatch]) -> QueuedBatch:
         """Round robin: the batch after the one this project served last, in creation order."""

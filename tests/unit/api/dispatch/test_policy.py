@@ -140,3 +140,27 @@ def test_a_project_back_from_idle_banks_no_credit_with_a_fake_clock() -> None:
     run_rounds(policy, [batch("a1", "a"), done], clock, rounds=20, budget=512)
     served = run_rounds(policy, [batch("a1", "a"), batch("b2", "b", order=2)], clock, 2, 512)
     assert abs(served["a1"] - served["b2"]) <= 16
+
+
+def test_a_project_does_not_catch_up_on_a_higher_priority_tier_with_a_fake_clock() -> None:
+    """What "p" was sent at priority 5 does not count against it once both share the normal tier,
+    whether or not the other's batch got its start lines meanwhile."""
+    for started in (True, False):
+        clock = FakeClock()
+        policy = FairSharePolicy(quantum=16, start_lines=32)
+        normal = [batch("p-normal", "p", order=1), batch("q-normal", "q", order=2, started=started)]
+        first = shares(policy.plan([batch("p-urgent", "p", 2048, priority=5), *normal], 512, clock()))
+        assert first.get("q-normal", 0) == (0 if started else 32)  # start lines, or nothing
+        urgent = batch("p-urgent", "p", remaining=2048 - first["p-urgent"], priority=5)
+        run_rounds(policy, [urgent, *normal], clock, rounds=4, budget=512)  # the rest of it, and more
+        after = [batch("p-normal", "p", order=1), batch("q-normal", "q", order=2)]
+        served = run_rounds(policy, after, clock, rounds=2, budget=512)
+        assert abs(served["p-normal"] - served["q-normal"]) <= 32, (started, served)
+
+
+def test_equal_projects_alternate_when_each_round_serves_only_one_with_a_fake_clock() -> None:
+    """A round too small for both still leaves the other project in the share: no starvation."""
+    clock = FakeClock()
+    policy = FairSharePolicy(quantum=16)
+    served = run_rounds(policy, [batch("a1", "a"), batch("b1", "b", order=1)], clock, rounds=40, budget=16)
+    assert served["a1"] == served["b1"] == 320
