@@ -152,6 +152,10 @@ def test_wait_follows_a_batch_until_cancelled_and_exits_4(
         env=cli_env(stack),
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a test run started in the background of a shell without job
+        # control ignores SIGINT, and its children would inherit that (Python then installs no
+        # KeyboardInterrupt handler).
+        preexec_fn=_sigint_default,
     )
     assert waiting.stderr is not None
     assert batch_id in waiting.stderr.readline()  # its first progress line: it is waiting
@@ -183,3 +187,7 @@ def test_a_key_made_by_keys_create_works_until_revoked(stack: Stack) -> None:
 
     wait_until(refused, 45, "the revoked key to be refused (the api caches a key for 30 s)", interval_s=2)
     assert batchstream(stack, "keys", "revoke", "sk-bs-never-made").returncode == 1
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
