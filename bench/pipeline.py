@@ -415,17 +415,17 @@ def _print(r: dict[str, Any]) -> None:
         ],
         [
             "  a result's age when polled (mean of oldest / newest)",
-            parts.get("polled_oldest", float("nan")),
-            f"{parts.get('polled_newest', float('nan')):.2f} s",
+            parts.get("polled_oldest", nan),
+            f"{parts.get('polled_newest', nan):.2f} s",
             "",
         ],
         [
             "  ... when its chunk starts (oldest / newest)",
-            parts.get("chunk_started_oldest", float("nan")),
-            f"{parts.get('chunk_started_newest', float('nan')):.2f} s",
+            parts.get("chunk_started_oldest", nan),
+            f"{parts.get('chunk_started_newest', nan):.2f} s",
             "",
         ],
-        ["  ... + the chunk until counted (mean)", parts.get("chunk_processing", float("nan")), "", ""],
+        ["  ... + the chunk until counted (mean)", parts.get("chunk_processing", nan), "", ""],
         [f"{s['small_lines']}-line batch alone (median)", hol["alone_median_s"], "", ""],
         [
             f"{s['small_lines']}-line batch during the big one",

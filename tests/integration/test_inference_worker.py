@@ -11,6 +11,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -108,30 +109,43 @@ async def _committed(settings: KafkaSettings, group: str, tps: list[TopicPartiti
         await probe.stop()
 
 
+async def _worker_results(
+    settings: KafkaSettings,
+    consumer: AIOKafkaConsumer,
+    engine: FakeEngine,
+    reply: str,
+    count: int,
+    **options: Any,
+) -> list[dict]:
+    """Run a worker on ``engine`` until ``count`` results reached ``reply``, then stop it."""
+    producer = make_producer(settings)
+    await producer.start()
+    worker = RequestConsumer(
+        consumer,
+        producer,
+        RequestHandler(engine),
+        topic=requests_topic(settings, MODEL),
+        results_topic=f"{settings.topic_prefix}results",
+        drain_timeout_s=5,
+        **options,
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        return await _collect(settings, reply, count)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 15)
+        await producer.stop()
+
+
 async def test_one_result_per_request_and_offsets_committed(kafka: KafkaSettings) -> None:
     reply = f"{kafka.topic_prefix}replies"
     await _create_topic(kafka, reply)
     last = await _publish(kafka, reply)
     group = f"g-{uuid.uuid4().hex[:6]}"
     engine = FakeEngine(model_id=MODEL)
-    producer = make_producer(kafka)
-    await producer.start()
-    worker = RequestConsumer(
-        make_consumer(kafka, group),
-        producer,
-        RequestHandler(engine),
-        topic=requests_topic(kafka, MODEL),
-        results_topic=f"{kafka.topic_prefix}results",
-        in_flight_limit=2,  # small, so the window fills
-        drain_timeout_s=5,
-    )
-    running = asyncio.create_task(worker.run())
-    try:
-        results = await _collect(kafka, reply, count=10)
-    finally:
-        worker.stop()
-        await asyncio.wait_for(running, 15)
-        await producer.stop()
+    # A small window, so that it fills.
+    results = await _worker_results(kafka, make_consumer(kafka, group), engine, reply, 10, in_flight_limit=2)
 
     by_id = {r["custom_id"]: r for r in results}
     assert len(results) == 10 and len(by_id) == 10
@@ -164,26 +178,13 @@ async def test_a_window_full_longer_than_the_poll_interval_keeps_its_partitions(
             message = _request(f"slow-{i}", reply, batch_id="batch_slow", line=i + 1)
             message.body["max_tokens"] = 40
             await producer.send_and_wait(topic, encode(message), key=b"one-partition")
-        engine = FakeEngine(model_id=MODEL, seconds_per_token=0.1)
-        worker = RequestConsumer(
-            make_consumer(kafka, f"g-{uuid.uuid4().hex[:6]}", max_poll_interval_ms=2500),
-            producer,
-            RequestHandler(engine),
-            topic=topic,
-            results_topic=f"{kafka.topic_prefix}results",
-            in_flight_limit=1,
-            max_publishing=1,
-            keepalive_poll_s=0.2,
-            drain_timeout_s=5,
-        )
-        running = asyncio.create_task(worker.run())
-        try:
-            results = await _collect(kafka, reply, count=3)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(running, 15)
     finally:
         await producer.stop()
+    engine = FakeEngine(model_id=MODEL, seconds_per_token=0.1)
+    consumer = make_consumer(kafka, f"g-{uuid.uuid4().hex[:6]}", max_poll_interval_ms=2500)
+    results = await _worker_results(
+        kafka, consumer, engine, reply, 3, in_flight_limit=1, max_publishing=1, keepalive_poll_s=0.2
+    )
     assert sorted(r["custom_id"] for r in results) == ["slow-0", "slow-1", "slow-2"]
     assert engine.calls == 3  # no line ran twice
 
