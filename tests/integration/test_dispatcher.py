@@ -126,6 +126,11 @@ async def output_ids(client: AsyncOpenAI, batch: Batch) -> list[str]:
     return ids
 
 
+async def _dispatchable(db: Any, batch_id: str) -> bool:
+    doc = await asyncio.to_thread(db.batches.find_one, {"_id": batch_id}, {"dispatchable": 1})
+    return bool((doc or {}).get("dispatchable"))
+
+
 async def sent_lines(db: Any, batch_id: str) -> int:
     doc = await asyncio.to_thread(db.dispatch_positions.find_one, {"_id": batch_id})
     return int((doc or {}).get("sent", 0))
@@ -328,7 +333,6 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     key = await asyncio.to_thread(dispatch_stack.create_key, "other-team")
     other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
     dispatch_stack.stop([FAKE.component])
-    urgent: Batch | None = None
     try:
         async with RequestRecorder(dispatch_stack.kafka_settings(), FAKE_MODEL) as recorder:
             mine = [await create_batch(client, FAKE_MODEL, 6000, prefix=f"mine{n}") for n in range(3)]
@@ -337,20 +341,22 @@ async def test_projects_share_and_a_higher_priority_goes_first(
             started = await recorder.until(lambda: recorder.count(*(b.id for b in mine)) >= 3000, 60)
             assert started, "the default project's batches were not dispatched"
             theirs = await create_batch(other, FAKE_MODEL, 8000, prefix="theirs")
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                await recorder.poll()
-                if urgent is None and recorder.count(theirs.id) >= 2000:
-                    urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
-                if urgent is not None and recorder.count(urgent.id) >= 600:
-                    break
-            sent = {b.id: await sent_lines(db, b.id) for b in (*mine, theirs)}
+            shared = await recorder.until(lambda: recorder.count(theirs.id) >= 2000, 60)
+            assert shared, "the other project's batch was not dispatched"
+            # The workers pause (nothing is consumed, so the dispatcher only tops the topic's backlog
+            # up) until the urgent batch may be dispatched: however slow its upload and validation,
+            # the others still have lines queued when it goes.
+            urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
+            await eventually(lambda: _dispatchable(db, urgent.id), 60, "the urgent batch validated")
+            sent_all = await recorder.until(lambda: recorder.count(urgent.id) >= 600, 60)
+            assert sent_all, f"{recorder.count(urgent.id)} of the urgent batch's 600 lines were sent"
+            # Each project still had lines queued when the urgent batch's last line went.
+            last_urgent = max(s.timestamp_ms for s in recorder.order() if s.batch_id == urgent.id)
+            project_of = {theirs.id: "other-team", **{b.id: "default" for b in mine}}
+            await recorder.until(lambda: len(_sent_after(recorder, last_urgent, project_of)) == 2, 60)
+            assert _sent_after(recorder, last_urgent, project_of) == {"default", "other-team"}
     finally:
         await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
-    assert urgent is not None
-    # Both projects still had lines queued when the urgent batch's last line went (the dispatcher
-    # saves a finished batch's position at once), so it had to be put before them.
-    assert sent[theirs.id] < 8000 and sum(sent[b.id] for b in mine) < 18_000, sent
     order = recorder.order()  # each line's first send (a line sent again counts once)
     sizes = {**{b.id: 6000 for b in mine}, theirs.id: 8000}
     first_urgent = next(s.timestamp_ms for s in order if s.batch_id == urgent.id)
@@ -367,6 +373,15 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     for owner, batch in ((client, urgent), *((client, b) for b in mine), (other, theirs)):
         await owner.batches.cancel(batch.id)
     await other.close()
+
+
+def _sent_after(recorder: RequestRecorder, after_ms: int, project_of: dict[str, str]) -> set[str]:
+    """The projects (``project_of`` maps their batches) with a line first sent after ``after_ms``."""
+    return {
+        project_of[s.batch_id]
+        for s in recorder.order()
+        if s.batch_id in project_of and s.timestamp_ms > after_ms
+    }
 
 
 def _contended(order: list[Sent], sizes: dict[str, int], before_ms: int) -> list[str]:
