@@ -181,15 +181,27 @@ class InferenceSettings(BaseSettings):
     which the batch's ``usage.input_tokens_details.cached_tokens`` sums. Responses bodies always
     report it."""
     max_in_flight: int = 0
-    """Requests on the worker's engine at once (running or queued inside it); it takes no more
-    while full. Results waiting for the broker's acknowledgement do not count (see
-    ``max_publishing``). 0: four times ``max_num_seqs``: the lines beyond it wait inside vLLM,
-    where its priority scheduling (``scheduling_policy``) puts a new batch's lines first, rather
-    than in the topic in arrival order."""
+    """Requests the worker holds at once (running on the engine or waiting for a place on it);
+    it takes no more while full. Results waiting for the broker's acknowledgement do not count
+    (see ``max_publishing``). 0: four times ``max_num_seqs``: the lines beyond the engine's places
+    wait in the worker, where a new batch's lines go first, rather than in the topic in arrival
+    order."""
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
-    """vLLM's queue order when the engine is full. ``priority``: a line of the batch with the
-    fewest lines on this engine goes first, so a batch that just arrived does not queue behind
-    the lines a large one already has waiting inside the engine; ``fcfs``: arrival order."""
+    """vLLM's queue order for the lines waiting inside it (a young batch's lines let in over
+    its places, and ``engine_queue_lines``). ``priority``: the worker's order (a line of the batch
+    with the fewest lines in the worker first); ``fcfs``: arrival order."""
+    engine_queue_lines: int = Field(default=0, ge=0)
+    """Lines let onto the engine beyond the ``max_num_seqs`` it runs (they wait inside vLLM,
+    ready to start the moment a sequence ends). 0: every waiting line waits in the worker, so
+    a place freed for a young batch's line (``young_batch_lines``) is that line's; more keeps the
+    engine fuller when many sequences end at once, but a line waiting inside it may take that
+    place first."""
+    young_batch_lines: int = Field(default=16, ge=0)
+    """A batch with fewer lines than this on the engine is young: while the engine runs
+    ``max_num_seqs`` requests, each line it sends aborts the oldest running line of the batch
+    with the most (which runs again, queued behind), so a new batch starts at once rather than
+    after a running sequence ends. Costs at most this many partly run lines per new batch; 0:
+    never preempt. Direct requests never preempt."""
     max_publishing: int = Field(default=4096, ge=1)
     """Results waiting for the broker's acknowledgement at once; while as many wait the worker
     takes no new request. A fast engine finishes lines far quicker than one acknowledgement

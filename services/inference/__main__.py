@@ -83,7 +83,13 @@ class Worker:
         producer = make_producer(self.kafka)
         await producer.start()
         control = BatchControl()
-        handler = RequestHandler(engine, control=control, retry=EngineRetry.from_settings(self.inference))
+        handler = RequestHandler(
+            engine,
+            control=control,
+            retry=EngineRetry.from_settings(self.inference),
+            young_batch_lines=self.inference.young_batch_lines,
+            engine_queue_lines=self.inference.engine_queue_lines,
+        )
         follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)
         heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
         following: asyncio.Task[None] | None = None

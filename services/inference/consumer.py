@@ -192,7 +192,8 @@ class RequestConsumer:
             raise FatalConsumerError(str(self._fatal)) from self._fatal
 
     def _in_flight(self) -> int:
-        """Requests on the engine now (the in-flight gauge, read at each scrape)."""
+        """Requests in the worker now, on the engine or waiting for a place (the in-flight gauge,
+        read at each scrape)."""
         return len(self._engine)
 
     async def _loop(self) -> None:

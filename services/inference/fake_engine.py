@@ -43,8 +43,10 @@ class FakeEngine:
         max_context_length: int = 2048,
         endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES),
         seconds_per_token: float = 0.0,
+        max_running: int = 0,
     ) -> None:
         self.model_id = model_id
+        self.max_running = max_running  # it runs everything at once; a test may claim a limit
         self.max_context_length = max_context_length
         self.endpoints = endpoints
         self.seconds_per_token = seconds_per_token

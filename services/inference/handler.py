@@ -23,6 +23,7 @@ from services.inference.engine import (
     RequestAborted,
     error_answer,
 )
+from services.inference.places import EnginePlaces
 from shared.ids import new_id
 from shared.protocol.messages import (
     LineError,
@@ -129,6 +130,14 @@ class RequestHandler:
     With a ``BatchControl`` it knows which batches are cancelled: their lines are answered
     ``batch_cancelled`` without running, and ``cancel_batch`` aborts the ones running (the
     engine's ``run`` then raises ``RequestAborted``, see the cancellation rule in ``engine.py``).
+
+    It also decides which line runs next. At most the engine's ``max_running`` lines are on it;
+    the others wait for a place (``places.py``), the line of the batch with the fewest lines in
+    the worker first (its rank; direct requests count as one batch). With ``young_batch_lines``,
+    a full engine is preempted: a line of a batch with fewer lines than that in the worker goes
+    onto the engine at once and aborts the oldest running line of the batch with the most, so a
+    new batch starts at once instead of after a running sequence ends. The aborted line waits
+    for a place again (its work so far is lost: at most ``young_batch_lines`` lines per batch).
     """
 
     def __init__(
@@ -137,19 +146,28 @@ class RequestHandler:
         clock: Callable[[], float] = time.time,
         control: BatchControl | None = None,
         retry: EngineRetry | None = None,
+        young_batch_lines: int = 0,
+        engine_queue_lines: int = 0,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry()
-        # batch id ("": direct requests, as one) -> engine request ids in flight
-        self._running: dict[str, set[str]] = {}
+        self.young_batch_lines = young_batch_lines
+        self.places = EnginePlaces(engine.max_running and engine.max_running + engine_queue_lines)
+        metrics.WAITING_FOR_PLACE.set_function(self.places.waiting)  # read at each scrape
+        # batch id ("": direct requests, as one) -> engine request ids running, oldest first
+        self._running: dict[str, dict[str, None]] = {}
+        self._waiting: dict[str, int] = {}  # batch id -> its lines waiting for a place
+        self._preempted: set[str] = set()  # aborted to make room, not answered yet
 
     def running(self, batch_id: str) -> int:
         return len(self._running.get(batch_id, ()))
 
     async def cancel_batch(self, batch_id: str) -> None:
-        """Abort the batch's requests in flight; each is then answered ``batch_cancelled``."""
+        """Abort the batch's requests in flight; each is then answered ``batch_cancelled``, as
+        are its lines waiting for a place."""
+        self.places.drop(batch_id)
         run_ids = list(self._running.get(batch_id, ()))
         if run_ids:
             log.info(
@@ -176,22 +194,12 @@ class RequestHandler:
         if reason is not None:
             metrics.LINES.by_status[reason[0]] += 1
             return never_ran(message, *reason)
-        run_id = new_id("req_")
-        batch_id = message.batch_id
-        # The engine's queue order: lines of the batch (direct requests: all of them, as one)
-        # with the fewest lines on the engine now go first. vLLM keeps ties in arrival order.
-        group = batch_id or ""
-        runs = self._running.setdefault(group, set())
-        priority = len(runs)
-        runs.add(run_id)
         metrics.LINES.started += 1
         try:
-            answer = await self._answer(message, run_id, priority)
-        except RequestAborted:  # only cancel_batch aborts, and only a cancelled batch's lines
+            run_id, answer = await self._run(message)
+        except RequestAborted:  # cancel_batch aborted it: a cancelled batch's line
             metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
-        finally:
-            self._forget_run(group, run_id)
         self._count(answer)
         return ResultMessage(
             request_id=message.request_id,
@@ -203,10 +211,59 @@ class RequestHandler:
             error=None,
         )
 
+    async def _run(self, message: RequestMessage) -> tuple[str, Answer]:
+        """The engine's answer and the id of the run that gave it; a run preempted for a young
+        batch's line runs again (``RequestAborted`` only for a cancel)."""
+        group = message.batch_id or ""
+        while True:
+            rank = await self._take_place(message, group)
+            run_id = new_id("req_")
+            self._running.setdefault(group, {})[run_id] = None
+            try:
+                # vLLM's queue order too, for the young lines let in over the limit.
+                return run_id, await self._answer(message, run_id, rank)
+            except RequestAborted:
+                if run_id not in self._preempted or self.control.cancelled(message.batch_id):
+                    raise
+                metrics.PREEMPTED.inc()
+            finally:
+                self._preempted.discard(run_id)
+                self._forget_run(group, run_id)
+                self.places.give_back()
+
+    async def _take_place(self, message: RequestMessage, group: str) -> int:
+        """A place on the engine for the line (waiting for one, or preempting); its rank."""
+        rank = len(self._running.get(group, ())) + self._waiting.get(group, 0)
+        if message.batch_id and rank < self.young_batch_lines and self.places.full:
+            victim = self._victim(group)
+            if victim is not None:
+                self.places.take_over_limit()
+                self._preempted.add(victim)
+                await self.engine.abort(victim)
+                return rank
+        self._waiting[group] = self._waiting.get(group, 0) + 1
+        try:
+            await self.places.take(rank, group)
+        finally:
+            self._waiting[group] -= 1
+            if not self._waiting[group]:
+                del self._waiting[group]
+        return rank
+
+    def _victim(self, group: str) -> str | None:
+        """The oldest running line of the batch with the most running lines, unless that batch
+        is ``group`` or young itself."""
+        heaviest = max(
+            (g for g in self._running if g != group), key=lambda g: len(self._running[g]), default=None
+        )
+        if heaviest is None or len(self._running[heaviest]) < self.young_batch_lines:
+            return None
+        return next((r for r in self._running[heaviest] if r not in self._preempted), None)
+
     def _forget_run(self, batch_id: str, run_id: str) -> None:
         runs = self._running.get(batch_id)
         if runs is not None:
-            runs.discard(run_id)
+            runs.pop(run_id, None)
             if not runs:
                 del self._running[batch_id]
 

@@ -32,7 +32,13 @@ STARTED = Counter(
     "batchstream_inference_started_total",
     "Requests handed to the engine (lines answered without running are not counted).",
 )
-IN_FLIGHT = Gauge("batchstream_inference_in_flight", "Requests currently running on the engine.")
+IN_FLIGHT = Gauge(
+    "batchstream_inference_in_flight",
+    "Requests the worker holds: running on the engine, or waiting for a place on it.",
+)
+WAITING_FOR_PLACE = Gauge(
+    "batchstream_inference_waiting_for_place", "Requests in the worker waiting for a place on the engine."
+)
 PROMPT_TOKENS = Counter("batchstream_inference_prompt_tokens_total", "Prompt tokens processed.")
 GENERATED_TOKENS = Counter("batchstream_inference_generated_tokens_total", "Completion tokens generated.")
 SKIPPED = Counter(
@@ -46,6 +52,10 @@ ENGINE_RETRIES = Counter(
 ENGINE_GAVE_UP = Counter(
     "batchstream_inference_engine_gave_up_total",
     "Lines that still failed after every try: they become 5xx error lines.",
+)
+PREEMPTED = Counter(
+    "batchstream_inference_preempted_total",
+    "Requests aborted on a full engine to give a young batch's line their place; each runs again.",
 )
 PUBLISH_RETRIES = Counter(
     "batchstream_inference_publish_retries_total",

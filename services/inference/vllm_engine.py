@@ -93,6 +93,7 @@ class VllmEngine:
         self.model_id = settings.model_id
         self.max_context_length = settings.max_model_len
         self.endpoints: tuple[str, ...] = ()
+        self.max_running = settings.max_num_seqs
         self._stack = AsyncExitStack()
         self._state = State()
         self._runs = RunRegistry()

@@ -277,6 +277,26 @@ def test_two_batches_share_one_engine(
     assert switches >= 3, f"results not interleaved: {order}"
 
 
+def test_a_new_batch_on_a_full_engine_takes_places_at_once(
+    client: OpenAI, stack: Stack, worker: str, model_id: str
+) -> None:
+    """Preemption (``young_batch_lines``, 16 by default): every place of the engine (64) is taken
+    by a big batch's lines, so each of a new batch's lines aborts one of them, which runs again.
+    The new batch ends while the big one runs, and the big one still has every line once."""
+    big_ids = [f"big{i}" for i in range(64 + 16)]
+    body = chat_body(model_id, "count", max_tokens=500, ignore_eos=True)
+    started = engine_started(stack)
+    preempted = metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total")
+    big = run_batch(client, CHAT, [request_line(i, CHAT, body) for i in big_ids])
+    wait_until(lambda: engine_started(stack) - started >= len(big_ids), 120, "the big batch on the engine")
+    small_lines = [request_line(f"small{i}", CHAT, chat_body(model_id, "hi", max_tokens=8)) for i in range(2)]
+    small = wait_terminal(client, run_batch(client, CHAT, small_lines).id)
+    assert small.status == "completed"
+    assert client.batches.retrieve(big.id).status == "in_progress"
+    assert metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total") - preempted == 2
+    assert_each_line_once(client, wait_terminal(client, big.id), big_ids)
+
+
 # ---------------------------------------------------------------------------- direct publish
 
 

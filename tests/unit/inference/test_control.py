@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
+
+from prometheus_client import REGISTRY
 
 from services.inference.control import FORGET_AFTER_S, BatchControl
 from services.inference.engine import CHAT, Answer
@@ -38,8 +41,8 @@ def test_prune_drops_long_expired_batches_only() -> None:
 class SlowFakeEngine(FakeEngine):
     """Runs until released or aborted; an abort raises RequestAborted out of ``run`` (the rule)."""
 
-    def __init__(self) -> None:
-        super().__init__(model_id="m")
+    def __init__(self, max_running: int = 0) -> None:
+        super().__init__(model_id="m", max_running=max_running)
         self.started: dict[str, asyncio.Event] = {}
         self.priorities: list[int] = []
         self.release = asyncio.Event()
@@ -67,7 +70,16 @@ class SlowFakeEngine(FakeEngine):
         await super().abort(request_id)
 
 
-def line(batch_id: str = "b", n: int = 1, **kw: Any) -> RequestMessage:
+async def settled(condition: Callable[[], bool], steps: int = 100) -> bool:
+    """Whether ``condition`` holds once the event loop has run the other tasks' ready steps."""
+    for _ in range(steps):
+        if condition():
+            return True
+        await asyncio.sleep(0)
+    return condition()
+
+
+def line(batch_id: str | None = "b", n: int = 1, **kw: Any) -> RequestMessage:
     return RequestMessage(
         request_id=f"batch_req_{n}",
         custom_id=f"c{n}",
@@ -160,3 +172,53 @@ async def test_a_batch_with_fewer_lines_on_the_engine_is_queued_first() -> None:
     assert engine.priorities[-1] == 0  # nothing of it left on the engine
     engine.release.set()
     await asyncio.gather(*later)
+
+
+async def test_a_young_batch_takes_the_places_of_the_heaviest_batchs_oldest_lines() -> None:
+    """Places and preemption: 3 places, 4 lines of a big batch (3 run, 1 waits). Each of a new
+    batch's first two lines runs at once and aborts the big batch's oldest running line, which
+    waits again; the third waits, ahead of the big batch's. Every line is answered once."""
+    engine = SlowFakeEngine(max_running=3)
+    handler = RequestHandler(engine, young_batch_lines=2)
+    before = REGISTRY.get_sample_value("batchstream_inference_preempted_total") or 0.0
+    big = [asyncio.create_task(handler.handle(line("big", n))) for n in range(4)]
+    await engine.wait_started(3)
+    big_runs = list(engine.started)
+    small = [asyncio.create_task(handler.handle(line("small", 10 + n))) for n in range(3)]
+    await engine.wait_started(5)
+    assert await settled(lambda: handler.places.waiting() == 4)  # big 3, the aborted two, small 12
+    assert engine.aborted == big_runs[:2]
+    assert handler.running("small") == 2 and handler.running("big") == 1
+    assert (REGISTRY.get_sample_value("batchstream_inference_preempted_total") or 0.0) - before == 2
+    engine.release.set()
+    results = await asyncio.gather(*big, *small)
+    assert all(r.succeeded for r in results)
+    assert [r.line for r in results] == [0, 1, 2, 3, 10, 11, 12]
+    assert engine.priorities == [0, 1, 2, 0, 1, 2, 3, 3, 3]  # then by rank: small 12 first
+
+
+async def test_no_preemption_for_a_direct_request_or_beside_a_young_batch() -> None:
+    engine = SlowFakeEngine(max_running=3)
+    handler = RequestHandler(engine, young_batch_lines=3)
+    tasks = [asyncio.create_task(handler.handle(line("big", n))) for n in range(2)]
+    tasks.append(asyncio.create_task(handler.handle(line("new", 5))))  # the third place: free
+    await engine.wait_started(3)
+    tasks.append(asyncio.create_task(handler.handle(line(None, 6))))  # a pipeline's: never jumps
+    tasks.append(asyncio.create_task(handler.handle(line("newer", 7))))  # the heaviest is young
+    assert await settled(lambda: handler.places.waiting() == 2)
+    assert engine.aborted == [] and len(engine.started) == 3
+    engine.release.set()
+    assert all(r.succeeded for r in await asyncio.gather(*tasks))
+
+
+async def test_a_cancelled_batchs_lines_waiting_for_a_place_are_answered_without_running() -> None:
+    engine = SlowFakeEngine(max_running=1)
+    handler = RequestHandler(engine)
+    running, waiting = (asyncio.create_task(handler.handle(line("b", n))) for n in range(2))
+    await engine.wait_started(1)
+    assert await settled(lambda: handler.places.waiting() == 1)
+    handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
+    await handler.cancel_batch("b")
+    for result in await asyncio.gather(running, waiting):
+        assert result.error is not None and result.error.code == "batch_cancelled"
+    assert engine.calls == 1 and handler.places.used == 0
