@@ -197,11 +197,12 @@ class InferenceSettings(BaseSettings):
     engine fuller when many sequences end at once, but a line waiting inside it may take that
     place first."""
     young_batch_lines: int = Field(default=16, ge=0)
-    """A batch with fewer lines than this on the engine is young: while the engine runs
-    ``max_num_seqs`` requests, each line it sends aborts the oldest running line of the batch
-    with the most (which runs again, queued behind), so a new batch starts at once rather than
-    after a running sequence ends. Costs at most this many partly run lines per new batch; 0:
-    never preempt. Direct requests never preempt."""
+    """A batch with fewer lines than this in the worker is young: when the engine is full, each
+    line it sends goes on at once and aborts the newest running line of the batch with the most
+    running lines (if that batch has at least this many), which waits for a place again; so a new
+    batch starts at once rather than after a running sequence ends. A batch preempts at most this
+    many lines per worker (their work so far is lost); 0: never preempt. Direct requests never
+    preempt."""
     max_publishing: int = Field(default=4096, ge=1)
     """Results waiting for the broker's acknowledgement at once; while as many wait the worker
     takes no new request. A fast engine finishes lines far quicker than one acknowledgement

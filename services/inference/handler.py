@@ -37,6 +37,9 @@ from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
+# Batches whose preemptions are counted (each may preempt at most ``young_batch_lines`` lines).
+PREEMPTIONS_REMEMBERED = 10_000
+
 # SamplingDefaults field -> the body field it fills when the body leaves it unset.
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -132,12 +135,14 @@ class RequestHandler:
     engine's ``run`` then raises ``RequestAborted``, see the cancellation rule in ``engine.py``).
 
     It also decides which line runs next. At most the engine's ``max_running`` lines are on it;
-    the others wait for a place (``places.py``), the line of the batch with the fewest lines in
-    the worker first (its rank; direct requests count as one batch). With ``young_batch_lines``,
-    a full engine is preempted: a line of a batch with fewer lines than that in the worker goes
-    onto the engine at once and aborts the oldest running line of the batch with the most, so a
-    new batch starts at once instead of after a running sequence ends. The aborted line waits
-    for a place again (its work so far is lost: at most ``young_batch_lines`` lines per batch).
+    the others wait for a place (``places.py``): a freed place goes to the batch with the fewest
+    lines on the engine (direct requests count as one batch). With ``young_batch_lines``, a full
+    engine is preempted: a line of a batch with fewer lines than that in the worker goes onto the
+    engine at once and aborts the newest running line of the batch with the most running lines
+    (if it has at least as many), so a new batch starts at once instead of after a running
+    sequence ends. The aborted line waits for a place again; its work so far is lost, for at
+    most ``young_batch_lines`` lines per batch and worker. Direct requests never preempt (they
+    may be preempted).
     """
 
     def __init__(
@@ -158,7 +163,7 @@ class RequestHandler:
         metrics.WAITING_FOR_PLACE.set_function(self.places.waiting)  # read at each scrape
         # batch id ("": direct requests, as one) -> engine request ids running, oldest first
         self._running: dict[str, dict[str, None]] = {}
-        self._waiting: dict[str, int] = {}  # batch id -> its lines waiting for a place
+        self._preemptions: dict[str, int] = {}  # batch id -> places it took by preempting
         self._preempted: set[str] = set()  # aborted to make room, not answered yet
 
     def running(self, batch_id: str) -> int:
@@ -216,11 +221,13 @@ class RequestHandler:
         batch's line runs again (``RequestAborted`` only for a cancel)."""
         group = message.batch_id or ""
         while True:
-            rank = await self._take_place(message, group)
+            await self._take_place(message, group)
+            # vLLM's priority: the batch's other lines on the engine (its queue order for the
+            # young lines let in over the limit, and for ``engine_queue_lines``).
+            rank = self.places.running(group) - 1
             run_id = new_id("req_")
             self._running.setdefault(group, {})[run_id] = None
             try:
-                # vLLM's queue order too, for the young lines let in over the limit.
                 return run_id, await self._answer(message, run_id, rank)
             except RequestAborted:
                 if run_id not in self._preempted or self.control.cancelled(message.batch_id):
@@ -229,36 +236,46 @@ class RequestHandler:
             finally:
                 self._preempted.discard(run_id)
                 self._forget_run(group, run_id)
-                self.places.give_back()
+                self.places.give_back(group)
 
-    async def _take_place(self, message: RequestMessage, group: str) -> int:
-        """A place on the engine for the line (waiting for one, or preempting); its rank."""
-        rank = len(self._running.get(group, ())) + self._waiting.get(group, 0)
-        if message.batch_id and rank < self.young_batch_lines and self.places.full:
-            victim = self._victim(group)
-            if victim is not None:
-                self.places.take_over_limit()
-                self._preempted.add(victim)
-                await self.engine.abort(victim)
-                return rank
-        self._waiting[group] = self._waiting.get(group, 0) + 1
+    async def _take_place(self, message: RequestMessage, group: str) -> None:
+        """A place on the engine for the line: a free one, a preempted one, or one waited for."""
+        if self.places.try_take(group) or await self._preempt(message, group):
+            return
+        await self.places.take(group)
+
+    async def _preempt(self, message: RequestMessage, group: str) -> bool:
+        """On a full engine, a young batch's line takes the place of the newest running line of
+        the batch with the most (aborted, it waits for a place again): whether it did."""
+        batch_id = message.batch_id
+        young = self.young_batch_lines
+        if not batch_id or self.places.holding(group) >= young or self._preemptions.get(batch_id, 0) >= young:
+            return False
+        victim = self._victim(group)
+        if victim is None:
+            return False
+        self._preemptions[batch_id] = self._preemptions.pop(batch_id, 0) + 1
+        while len(self._preemptions) > PREEMPTIONS_REMEMBERED:
+            del self._preemptions[next(iter(self._preemptions))]  # the least recent batch
+        self._preempted.add(victim)
+        self.places.take_over_limit(group)
         try:
-            await self.places.take(rank, group)
-        finally:
-            self._waiting[group] -= 1
-            if not self._waiting[group]:
-                del self._waiting[group]
-        return rank
+            await self.engine.abort(victim)
+        except BaseException:
+            self._preempted.discard(victim)
+            self.places.give_back(group)
+            raise
+        return True
 
     def _victim(self, group: str) -> str | None:
-        """The oldest running line of the batch with the most running lines, unless that batch
-        is ``group`` or young itself."""
-        heaviest = max(
-            (g for g in self._running if g != group), key=lambda g: len(self._running[g]), default=None
-        )
-        if heaviest is None or len(self._running[heaviest]) < self.young_batch_lines:
-            return None
-        return next((r for r in self._running[heaviest] if r not in self._preempted), None)
+        """The newest running line (least work lost) of the batch with the most running lines
+        not preempted yet, if that batch is not ``group`` and not young itself."""
+        victim, most = None, 0
+        for other, runs in self._running.items():
+            live = [run_id for run_id in runs if run_id not in self._preempted]
+            if other != group and len(live) > most:
+                victim, most = live[-1], len(live)
+        return victim if most >= self.young_batch_lines else None
 
     def _forget_run(self, batch_id: str, run_id: str) -> None:
         runs = self._running.get(batch_id)
@@ -276,8 +293,8 @@ class RequestHandler:
         body["model"] = self.engine.model_id
 
         async def attempt() -> Answer:
-            if self.control.cancelled(message.batch_id):
-                raise RequestAborted(run_id)  # cancelled while waiting to try again
+            if self.control.cancelled(message.batch_id) or run_id in self._preempted:
+                raise RequestAborted(run_id)  # cancelled, or preempted, while waiting to try again
             return await self.engine.run(
                 message.url, body, run_id, max_context_length=limit, priority=priority
             )

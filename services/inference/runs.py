@@ -47,7 +47,7 @@ class RunRegistry:
     def abort(self, request_id: str) -> None:
         """Stop a running request; no-op when it is unknown or finished."""
         task = self._running.get(request_id)
-        if task is not None:
+        if task is not None and not task.done():  # a finished request keeps its answer
             self._aborted.add(request_id)
             task.cancel()
 
