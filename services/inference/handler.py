@@ -239,8 +239,9 @@ class RequestHandler:
                 self.places.give_back(group)
 
     async def _take_place(self, message: RequestMessage, group: str) -> None:
-        """A place on the engine for the line: a free one, a preempted one, or one waited for."""
-        if self.places.try_take(group) or await self._preempt(message, group):
+        """A place on the engine for the line: a preempted one on a full engine, or a free one
+        (waited for if need be)."""
+        if self.places.full and await self._preempt(message, group):
             return
         await self.places.take(group)
 
