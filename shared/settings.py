@@ -197,12 +197,17 @@ class InferenceSettings(BaseSettings):
     engine fuller when many sequences end at once, but a line waiting inside it may take that
     place first."""
     young_batch_lines: int = Field(default=16, ge=0)
-    """A batch with fewer lines than this in the worker is young: when the engine is full, each
-    line it sends goes on at once and aborts the newest running line of the batch with the most
-    running lines (if that batch has at least this many), which waits for a place again; so a new
-    batch starts at once rather than after a running sequence ends. A batch preempts at most this
-    many lines per worker (their work so far is lost); 0: never preempt. Direct requests never
-    preempt."""
+    """A batch's first lines in the worker, while it has fewer than this there, are young: each
+    goes onto the engine at once, and the newest running lines of the batch with the most lines on
+    the engine are aborted to make room (they wait for a place again; their work so far is lost).
+    So a new batch starts at once rather than after running sequences end. 0: no line is young.
+    Direct requests are never young."""
+    young_batch_others_share: float = Field(default=0.25, ge=0, le=1)
+    """While young lines run, the batches without one keep at most this share of the engine's
+    ``max_num_seqs`` places (the rest are aborted, and run again once the young lines are done).
+    On a CPU an engine step costs about in proportion to the sequences in it: a new batch's lines
+    beside 54 others take 2.5 times as long as alone, beside 16 about 1.5 times. 1: no limit (a
+    GPU's step time grows far less with the sequences in it; measure before you choose)."""
     max_publishing: int = Field(default=4096, ge=1)
     """Results waiting for the broker's acknowledgement at once; while as many wait the worker
     takes no new request. A fast engine finishes lines far quicker than one acknowledgement

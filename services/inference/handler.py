@@ -37,9 +37,6 @@ from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
-# Batches whose preemptions are counted (each may preempt at most ``young_batch_lines`` lines).
-PREEMPTIONS_REMEMBERED = 10_000
-
 # SamplingDefaults field -> the body field it fills when the body leaves it unset.
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -136,13 +133,12 @@ class RequestHandler:
 
     It also decides which line runs next. At most the engine's ``max_running`` lines are on it;
     the others wait for a place (``places.py``): a freed place goes to the batch with the fewest
-    lines on the engine (direct requests count as one batch). With ``young_batch_lines``, a full
-    engine is preempted: a line of a batch with fewer lines than that in the worker goes onto the
-    engine at once and aborts the newest running line of the batch with the most running lines
-    (if it has at least as many), so a new batch starts at once instead of after a running
-    sequence ends. The aborted line waits for a place again; its work so far is lost, for at
-    most ``young_batch_lines`` lines per batch and worker. Direct requests never preempt (they
-    may be preempted).
+    lines on the engine (direct requests count as one batch). A young batch's line (one of its
+    first ``young_batch_lines`` in the worker) goes on at once: the newest running lines of the
+    batch with the most lines on the engine are aborted to make room, and while young lines run
+    the batches without one keep at most ``young_batch_others_share`` of the places, so a new
+    batch starts at once and runs nearly as fast as alone. An aborted line waits for a place
+    again; its work so far is lost. Direct requests are never young (they may be aborted).
     """
 
     def __init__(
@@ -153,27 +149,29 @@ class RequestHandler:
         retry: EngineRetry | None = None,
         young_batch_lines: int = 0,
         engine_queue_lines: int = 0,
+        young_batch_others_share: float = 1.0,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry()
         self.young_batch_lines = young_batch_lines
-        self.places = EnginePlaces(engine.max_running and engine.max_running + engine_queue_lines)
+        beside_young = int(engine.max_running * young_batch_others_share)
+        self.places = EnginePlaces(
+            engine.max_running and engine.max_running + engine_queue_lines,
+            young_batch_lines,
+            beside_young if young_batch_others_share < 1 else None,
+        )
         metrics.WAITING_FOR_PLACE.set_function(self.places.waiting)  # read at each scrape
-        # batch id ("": direct requests, as one) -> engine request ids running, oldest first
-        self._running: dict[str, dict[str, None]] = {}
-        self._preemptions: dict[str, int] = {}  # batch id -> places it took by preempting
-        self._preempted: set[str] = set()  # aborted to make room, not answered yet
 
     def running(self, batch_id: str) -> int:
-        return len(self._running.get(batch_id, ()))
+        return self.places.running(batch_id)
 
     async def cancel_batch(self, batch_id: str) -> None:
         """Abort the batch's requests in flight; each is then answered ``batch_cancelled``, as
         are its lines waiting for a place."""
         self.places.drop(batch_id)
-        run_ids = list(self._running.get(batch_id, ()))
+        run_ids = self.places.run_ids(batch_id)
         if run_ids:
             log.info(
                 "aborting a cancelled batch's requests", extra={"batch_id": batch_id, "count": len(run_ids)}
@@ -217,73 +215,35 @@ class RequestHandler:
         )
 
     async def _run(self, message: RequestMessage) -> tuple[str, Answer]:
-        """The engine's answer and the id of the run that gave it; a run preempted for a young
-        batch's line runs again (``RequestAborted`` only for a cancel)."""
+        """The engine's answer and the id of the run that gave it; a run aborted to make room
+        for a young line runs again (``RequestAborted`` only for a cancel)."""
         group = message.batch_id or ""
         while True:
-            await self._take_place(message, group)
-            # vLLM's priority: the batch's other lines on the engine (its queue order for the
-            # young lines let in over the limit, and for ``engine_queue_lines``).
-            rank = self.places.running(group) - 1
             run_id = new_id("req_")
-            self._running.setdefault(group, {})[run_id] = None
+            young = await self.places.take(group, run_id, direct=not message.batch_id)
             try:
+                if young:
+                    await self._make_room()
+                # vLLM's priority: the batch's other lines on the engine (its queue order for the
+                # young lines let in over the limit, and for ``engine_queue_lines``).
+                rank = self.places.running(group) - 1
                 return run_id, await self._answer(message, run_id, rank)
             except RequestAborted:
-                if run_id not in self._preempted or self.control.cancelled(message.batch_id):
+                if not self.places.preempted(run_id) or self.control.cancelled(message.batch_id):
                     raise
                 metrics.PREEMPTED.inc()
             finally:
-                self._preempted.discard(run_id)
-                self._forget_run(group, run_id)
-                self.places.give_back(group)
+                self.places.give_back(group, run_id)
 
-    async def _take_place(self, message: RequestMessage, group: str) -> None:
-        """A place on the engine for the line: a preempted one on a full engine, or a free one
-        (waited for if need be)."""
-        if self.places.full and await self._preempt(message, group):
-            return
-        await self.places.take(group)
-
-    async def _preempt(self, message: RequestMessage, group: str) -> bool:
-        """On a full engine, a young batch's line takes the place of the newest running line of
-        the batch with the most (aborted, it waits for a place again): whether it did."""
-        batch_id = message.batch_id
-        young = self.young_batch_lines
-        if not batch_id or self.places.holding(group) >= young or self._preemptions.get(batch_id, 0) >= young:
-            return False
-        victim = self._victim(group)
-        if victim is None:
-            return False
-        self._preemptions[batch_id] = self._preemptions.pop(batch_id, 0) + 1
-        while len(self._preemptions) > PREEMPTIONS_REMEMBERED:
-            del self._preemptions[next(iter(self._preemptions))]  # the least recent batch
-        self._preempted.add(victim)
-        self.places.take_over_limit(group)
-        try:
-            await self.engine.abort(victim)
-        except BaseException:
-            self._preempted.discard(victim)
-            self.places.give_back(group)
-            raise
-        return True
-
-    def _victim(self, group: str) -> str | None:
-        """The newest running line (least work lost) of the batch with the most running lines
-        not preempted yet, if that batch is not ``group`` and not young itself."""
-        victim, most = None, 0
-        for other, runs in self._running.items():
-            live = [run_id for run_id in runs if run_id not in self._preempted]
-            if other != group and len(live) > most:
-                victim, most = live[-1], len(live)
-        return victim if most >= self.young_batch_lines else None
-
-    def _forget_run(self, batch_id: str, run_id: str) -> None:
-        runs = self._running.get(batch_id)
-        if runs is not None:
-            runs.pop(run_id, None)
-            if not runs:
-                del self._running[batch_id]
+    async def _make_room(self) -> None:
+        """Abort the running lines that must make way for the young ones (each runs again)."""
+        victims = self.places.victims()
+        for done, victim in enumerate(victims):
+            try:
+                await self.engine.abort(victim)
+            except BaseException:
+                self.places.spare(victims[done:])
+                raise
 
     async def _answer(self, message: RequestMessage, run_id: str, priority: int = 0) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
@@ -294,7 +254,7 @@ class RequestHandler:
         body["model"] = self.engine.model_id
 
         async def attempt() -> Answer:
-            if self.control.cancelled(message.batch_id) or run_id in self._preempted:
+            if self.control.cancelled(message.batch_id) or self.places.preempted(run_id):
                 raise RequestAborted(run_id)  # cancelled, or preempted, while waiting to try again
             return await self.engine.run(
                 message.url, body, run_id, max_context_length=limit, priority=priority

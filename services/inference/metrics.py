@@ -55,7 +55,7 @@ ENGINE_GAVE_UP = Counter(
 )
 PREEMPTED = Counter(
     "batchstream_inference_preempted_total",
-    "Requests aborted on a full engine to give a young batch's line their place; each runs again.",
+    "Requests aborted to make room for a new batch's young lines; each runs again.",
 )
 PUBLISH_RETRIES = Counter(
     "batchstream_inference_publish_retries_total",

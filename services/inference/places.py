@@ -1,16 +1,23 @@
-"""The engine's places: at most ``places`` lines run on the engine at once; the rest wait here.
+"""The engine's places: which lines run on the engine, which wait here, and which make way.
 
-Why the worker holds them rather than vLLM's own queue: a line waiting inside the engine takes the
-first place that frees, whatever arrives after it. A place freed for a young batch's line (the
-preemption in ``handler.py``) would then often go to a line that was already waiting (the abort
-reaches the engine before the young line is tokenized and added). Waiting here, the only lines
-inside the engine are the running ones and the young lines let in over the limit, so a freed place
-is the young line's.
+At most ``places`` lines run on the engine at once; the rest wait here, in one first-in-first-out
+queue per group (a batch; direct requests are one group). A freed place goes to the group with
+the fewest lines on the engine at that moment (ties: the group whose first waiter came first), so
+no waiting group starves behind later arrivals: its count only falls while it waits.
 
-Waiters queue per group (a batch; direct requests are one group), first in first out. A freed
-place goes to the group with the fewest lines on the engine at that moment (ties: the group whose
-first waiter came first), so a batch that has just arrived runs next, and no waiting group starves
-behind later arrivals: its count only falls while it waits.
+A young line is one of a batch's first ``young_lines`` lines here, taken while the batch holds
+fewer than that; a young group has a young line on the engine and has not grown (taken a line
+that was not young) since. A young line does not wait: it goes on at once, beyond the limit if need
+be, and ``victims`` names the running lines of the other groups that must make way. While a young
+group runs, the others keep at most ``beside_young`` lines on the engine: on a CPU each engine
+step costs about in proportion to the lines in it, so a new batch's lines beside 54 others take
+2.5 times as long as alone.
+
+Why the worker holds the waiting lines rather than vLLM's own queue: a line waiting inside the
+engine takes the first place that frees, whatever arrives after it. A place freed for a young
+line would often go to a line that was already waiting (the abort reaches the engine before the
+young line is tokenized and added). Waiting here, the only lines inside the engine are the
+running ones and the young lines, so a freed place is the young line's.
 """
 
 from __future__ import annotations
@@ -18,20 +25,44 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
+from dataclasses import dataclass, field
 
 from services.inference.engine import RequestAborted
 
-_Waiter = tuple[int, asyncio.Future[None]]  # (arrival, granted)
+# Batches whose young lines are counted (each has at most ``young_lines`` per worker).
+YOUNG_BATCHES_REMEMBERED = 10_000
+_GROWN = -1  # a group that is young no more
+
+
+@dataclass
+class _Waiter:
+    arrival: int
+    run_id: str
+    young: bool
+    granted: asyncio.Future[None] = field(repr=False)
+
+
+@dataclass
+class _Group:
+    """A group's lines on the engine (run id -> young, in order of taking the place)."""
+
+    runs: dict[str, bool] = field(default_factory=dict)
+    young: int = 0
 
 
 class EnginePlaces:
-    """A per-group priority semaphore over the engine's places; 0 places: no limit."""
+    """A per-group priority semaphore over the engine's places, keyed by run id; 0 places: no
+    limit (and no victims)."""
 
-    def __init__(self, places: int) -> None:
+    def __init__(self, places: int, young_lines: int = 0, beside_young: int | None = None) -> None:
         self.places = places
+        self.young_lines = young_lines
+        self.beside_young = beside_young if places else None
+        self._young_taken: dict[str, int] = {}  # group -> its lines taken as young, or _GROWN
         self.used = 0
-        self._running: dict[str, int] = {}
+        self._groups: dict[str, _Group] = {}
         self._queues: dict[str, deque[_Waiter]] = {}
+        self._preempted: set[str] = set()
         self._arrivals = itertools.count()
 
     @property
@@ -39,7 +70,12 @@ class EnginePlaces:
         return 0 < self.places <= self.used
 
     def running(self, group: str) -> int:
-        return self._running.get(group, 0)
+        held = self._groups.get(group)
+        return len(held.runs) if held else 0
+
+    def run_ids(self, group: str) -> list[str]:
+        held = self._groups.get(group)
+        return list(held.runs) if held else []
 
     def holding(self, group: str) -> int:
         """The group's lines here: on the engine or waiting for a place."""
@@ -48,64 +84,143 @@ class EnginePlaces:
     def waiting(self) -> int:
         return sum(len(queue) for queue in self._queues.values())
 
-    def try_take(self, group: str) -> bool:
-        """Take a free place if one is free and nobody waits for it."""
-        if self.full or self._queues:
-            return False
-        self._grant(group)
-        return True
+    def preempted(self, run_id: str) -> bool:
+        """Named by ``victims`` and still on the engine (its run should stop)."""
+        return run_id in self._preempted
 
-    async def take(self, group: str) -> None:
-        """Wait for a place (at once when one is free). Raises ``RequestAborted`` when ``drop``
-        drops the group's waiters (a cancelled batch)."""
-        if self.try_take(group):
-            return
-        waiter: _Waiter = (next(self._arrivals), asyncio.get_running_loop().create_future())
+    async def take(self, group: str, run_id: str, direct: bool = False) -> bool:
+        """Take a place for the run: at once when one is free and nobody waits for it, or for a
+        young line when another group has a line to give up (see ``victims``); else wait.
+        Whether the line is young (a direct request never is). Raises ``RequestAborted`` when
+        ``drop`` drops the group's waiters (a cancelled batch)."""
+        young = not direct and self._take_young(group)
+        if (young and (not self.full or self._heaviest_other() is not None)) or (
+            not self._queues and self._may_run(group)
+        ):
+            self._grant(group, run_id, young)
+            return young
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(next(self._arrivals), run_id, young, loop.create_future())
         self._queues.setdefault(group, deque()).append(waiter)
-        granted = waiter[1]
+        self._admit()  # free places held back for others may be this group's
         try:
-            await granted
+            await waiter.granted
         except asyncio.CancelledError:
+            granted = waiter.granted
             if granted.done() and not granted.cancelled() and granted.exception() is None:
-                self.give_back(group)  # granted, but the task was cancelled before it could run
+                self.give_back(group, run_id)  # granted, but cancelled before it could run
             else:  # still queued (the task's cancellation cancelled the future), or dropped
                 self._unqueue(group, waiter)
             raise
+        return young
 
-    def take_over_limit(self, group: str) -> None:
-        """A place beyond the limit (a young line that preempts one: the place comes back when
-        the preempted line gives its place back)."""
-        self._grant(group)
-
-    def give_back(self, group: str) -> None:
+    def give_back(self, group: str, run_id: str) -> None:
+        held = self._groups[group]
+        if held.runs.pop(run_id):
+            held.young -= 1
+        if not held.runs:
+            del self._groups[group]
+        self._preempted.discard(run_id)
         self.used -= 1
-        left = self._running[group] - 1
-        if left:
-            self._running[group] = left
-        else:
-            del self._running[group]
         self._admit()
+
+    def victims(self) -> list[str]:
+        """The running lines that must make way now, newest first (the least work lost) from the
+        group with the most lines on the engine; they count as ``preempted`` until given back.
+
+        Groups with a young line on the engine give up none. The others together keep at most
+        what is left of the places beside those groups' lines, and at most ``beside_young``
+        while any young line runs."""
+        names: list[str] = []
+        for _ in range(self._excess()):
+            group = self._heaviest_other()
+            if group is None:
+                break
+            run_id = next(r for r in reversed(self._groups[group].runs) if r not in self._preempted)
+            self._preempted.add(run_id)
+            names.append(run_id)
+        return names
+
+    def spare(self, run_ids: list[str]) -> None:
+        """Victims that could not be stopped after all: they run on."""
+        self._preempted.difference_update(run_ids)
 
     def drop(self, group: str) -> None:
         """The group's waiters stop waiting: their ``take`` raises ``RequestAborted``."""
-        for _, granted in self._queues.pop(group, ()):
-            granted.set_exception(RequestAborted(group))
+        for waiter in self._queues.pop(group, ()):
+            waiter.granted.set_exception(RequestAborted(group))
 
-    def _grant(self, group: str) -> None:
+    def _take_young(self, group: str) -> bool:
+        """Whether the group's next line is young (counted: at most ``young_lines`` per group)."""
+        taken = self._young_taken.pop(group, 0)
+        young = taken != _GROWN and taken < self.young_lines and self.holding(group) < self.young_lines
+        self._young_taken[group] = taken + 1 if young else _GROWN  # now the most recent
+        while len(self._young_taken) > YOUNG_BATCHES_REMEMBERED:
+            del self._young_taken[next(iter(self._young_taken))]  # the least recent group
+        return young
+
+    def _young(self, group: str) -> bool:
+        held = self._groups.get(group)
+        return held is not None and held.young > 0 and self._young_taken.get(group) != _GROWN
+
+    def _live(self, group: str) -> int:
+        return sum(1 for r in self._groups[group].runs if r not in self._preempted)
+
+    def _others(self) -> list[str]:
+        """Groups on the engine that are not young."""
+        return [g for g in self._groups if not self._young(g)]
+
+    def _heaviest_other(self) -> str | None:
+        counts = {g: self._live(g) for g in self._others()}
+        group = max(counts, key=counts.__getitem__, default=None)
+        return group if group is not None and counts[group] else None
+
+    def _others_allowed(self) -> int | None:
+        """How many lines the groups without a young line may keep on the engine (None: any)."""
+        if not self.places:
+            return None
+        young_groups = sum(len(self._groups[g].runs) for g in self._groups if self._young(g))
+        allowed = self.places - young_groups
+        if young_groups and self.beside_young is not None:
+            allowed = min(allowed, self.beside_young)
+        return max(allowed, 0)
+
+    def _excess(self) -> int:
+        allowed = self._others_allowed()
+        if allowed is None:
+            return 0
+        return max(0, sum(self._live(g) for g in self._others()) - allowed)
+
+    def _may_run(self, group: str) -> bool:
+        """A free place for one more line of the group (not held back beside a young line)."""
+        if self.full:
+            return False
+        queue = self._queues.get(group)
+        if self._young(group) or (queue and queue[0].young):
+            return True
+        allowed = self._others_allowed()
+        return allowed is None or sum(len(self._groups[g].runs) for g in self._others()) < allowed
+
+    def _grant(self, group: str, run_id: str, young: bool) -> None:
+        held = self._groups.setdefault(group, _Group())
+        held.runs[run_id] = young
+        held.young += young
         self.used += 1
-        self._running[group] = self._running.get(group, 0) + 1
 
     def _admit(self) -> None:
-        while self._queues and not self.full:
-            group = min(self._queues, key=lambda g: (self.running(g), self._queues[g][0][0]))
+        while self._queues:
+            ready = [g for g in self._queues if self._may_run(g)]
+            if not ready:
+                return
+            group = min(ready, key=lambda g: (self.running(g), self._queues[g][0].arrival))
             queue = self._queues[group]
-            _, granted = queue.popleft()
+            waiter = queue.popleft()
             if not queue:
                 del self._queues[group]
-            if granted.done():  # cancelled, its task not resumed yet to unqueue it
+            if waiter.granted.done():  # cancelled, its task not resumed yet to unqueue it
                 continue
-            self._grant(group)
-            granted.set_result(None)
+            self._grant(group, waiter.run_id, waiter.young)
+            waiter.granted.set_result(None)
 
     def _unqueue(self, group: str, waiter: _Waiter) -> None:
         queue = self._queues.get(group)

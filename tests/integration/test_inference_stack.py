@@ -29,6 +29,7 @@ from openai.types import Batch
 from deploy.local import ModelSpec, Stack
 from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage, ResultMessage
+from shared.settings import InferenceSettings
 from shared.topics import requests_topic, results_topic
 from tests.support.lines import CHAT, chat_body, read_lines, request_line
 from tests.support.metrics import metric_value
@@ -280,9 +281,11 @@ def test_two_batches_share_one_engine(
 def test_a_new_batch_on_a_full_engine_takes_places_at_once(
     client: OpenAI, stack: Stack, worker: str, model_id: str
 ) -> None:
-    """Preemption (``young_batch_lines``, 16 by default): every place of the engine (64) is taken
-    by a big batch's lines, so each of a new batch's lines aborts one of them, which runs again.
-    The new batch ends while the big one runs, and the big one still has every line once."""
+    """Young lines (``young_batch_lines``, 16 by default): every place of the engine (64) is
+    taken by a big batch's lines; a new batch's lines go on at once, and the big batch keeps only
+    its share beside them (``young_batch_others_share``): the rest of its running lines are
+    aborted and run again. The new batch ends while the big one runs, and the big one still has
+    every line once."""
     big_ids = [f"big{i}" for i in range(64 + 16)]
     body = chat_body(model_id, "count", max_tokens=500, ignore_eos=True)
     started = engine_started(stack)
@@ -293,7 +296,9 @@ def test_a_new_batch_on_a_full_engine_takes_places_at_once(
     small = wait_terminal(client, run_batch(client, CHAT, small_lines).id)
     assert small.status == "completed"
     assert client.batches.retrieve(big.id).status == "in_progress"
-    assert metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total") - preempted == 2
+    share = InferenceSettings.model_fields["young_batch_others_share"].default
+    made_way = metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total") - preempted
+    assert made_way == 64 - int(64 * share)
     assert_each_line_once(client, wait_terminal(client, big.id), big_ids)
 
 
