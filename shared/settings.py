@@ -147,6 +147,10 @@ class ApiSettings(BaseSettings):
         return projects
 
 
+# The worker's default window: lines it holds per engine place (see ``max_in_flight``).
+IN_FLIGHT_PER_PLACE = 16
+
+
 class InferenceSettings(BaseSettings):
     """One worker serves one model on one engine (one GPU, or the CPU here)."""
 
@@ -183,9 +187,11 @@ class InferenceSettings(BaseSettings):
     max_in_flight: int = 0
     """Requests the worker holds at once (running on the engine or waiting for a place on it);
     it takes no more while full. Results waiting for the broker's acknowledgement do not count
-    (see ``max_publishing``). 0: four times ``max_num_seqs``: the lines beyond the engine's places
-    wait in the worker, where a new batch's lines go first, rather than in the topic in arrival
-    order."""
+    (see ``max_publishing``). 0: sixteen times ``max_num_seqs``: the lines beyond the engine's
+    places wait in the worker, where a new batch's lines go first, rather than in the topic in
+    arrival order. With four times, the dispatcher's backlog outgrew the window at a big batch's
+    start, and a small batch's lines waited in the topic for the engine's first wave to end; a
+    waiting line costs only its message's memory (a few kB)."""
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     """vLLM's queue order for the lines waiting inside it (a young batch's lines let in over
     its places, and ``engine_queue_lines``). ``priority``: the worker's order (a line of the batch
@@ -275,7 +281,7 @@ class InferenceSettings(BaseSettings):
 
     @property
     def in_flight_limit(self) -> int:
-        return self.max_in_flight or 4 * self.max_num_seqs
+        return self.max_in_flight or IN_FLIGHT_PER_PLACE * self.max_num_seqs
 
 
 class AggregatorSettings(BaseSettings):

@@ -366,10 +366,13 @@ class RequestConsumer:
         )
 
     async def _drain(self) -> None:
-        """Let in-flight work finish (bounded), then abort what is left; unfinished is redone."""
+        """Let the lines on the engine finish (bounded), then abort what is left; the lines waiting
+        for a place leave at once. Unfinished lines are redone."""
         if not self._tasks:
             return
         self.consumer.pause(*self.consumer.assignment())
+        self.handler.stop_waiting()
+        await asyncio.sleep(0)  # let the waiting lines' tasks end
         tasks = list(self._tasks)
         log.info("draining", extra={"in_flight": len(tasks), "timeout_s": self.drain_timeout_s})
         _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_s)

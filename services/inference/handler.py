@@ -167,6 +167,11 @@ class RequestHandler:
     def running(self, batch_id: str) -> int:
         return self.places.running(batch_id)
 
+    def stop_waiting(self) -> None:
+        """A shutdown: the lines waiting for a place leave without an answer (uncommitted, so
+        they are redone elsewhere); only the lines on the engine are drained."""
+        self.places.stop_waiting()
+
     async def cancel_batch(self, batch_id: str) -> None:
         """Abort the batch's requests in flight; each is then answered ``batch_cancelled``, as
         are its lines waiting for a place."""
@@ -197,7 +202,6 @@ class RequestHandler:
         if reason is not None:
             metrics.LINES.by_status[reason[0]] += 1
             return never_ran(message, *reason)
-        metrics.LINES.started += 1
         try:
             run_id, answer = await self._run(message)
         except RequestAborted:  # cancel_batch aborted it: a cancelled batch's line
@@ -218,9 +222,13 @@ class RequestHandler:
         """The engine's answer and the id of the run that gave it; a run aborted to make room
         for a young line runs again (``RequestAborted`` only for a cancel)."""
         group = message.batch_id or ""
+        first = True
         while True:
             run_id = new_id("req_")
             young = await self.places.take(group, run_id, direct=not message.batch_id)
+            if first:
+                metrics.LINES.started += 1  # handed to the engine (a run again is not counted)
+                first = False
             try:
                 if young:
                     await self._make_room()

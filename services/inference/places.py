@@ -145,6 +145,12 @@ class EnginePlaces:
         """Victims that could not be stopped after all: they run on."""
         self._preempted.difference_update(run_ids)
 
+    def stop_waiting(self) -> None:
+        """Every waiter stops waiting: its ``take`` raises ``CancelledError`` (a shutdown)."""
+        for queue in self._queues.values():
+            for waiter in queue:
+                waiter.granted.cancel()
+
     def drop(self, group: str) -> None:
         """The group's waiters stop waiting: their ``take`` raises ``RequestAborted``."""
         for waiter in self._queues.pop(group, ()):

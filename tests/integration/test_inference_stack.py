@@ -291,7 +291,7 @@ def test_a_new_batch_on_a_full_engine_takes_places_at_once(
     started = engine_started(stack)
     preempted = metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total")
     big = run_batch(client, CHAT, [request_line(i, CHAT, body) for i in big_ids])
-    wait_until(lambda: engine_started(stack) - started >= len(big_ids), 120, "the big batch on the engine")
+    wait_until(lambda: engine_started(stack) - started >= 64, 120, "the big batch on every place")
     small_lines = [request_line(f"small{i}", CHAT, chat_body(model_id, "hi", max_tokens=8)) for i in range(2)]
     small = wait_terminal(client, run_batch(client, CHAT, small_lines).id)
     assert small.status == "completed"
@@ -369,7 +369,7 @@ def test_a_pipeline_publishes_requests_and_reads_results_from_its_reply_topic(
 def test_a_cancelled_batch_never_runs_its_unstarted_lines(
     client: OpenAI, stack: Stack, model_id: str
 ) -> None:
-    total = 400  # more than the worker keeps in flight (4 x max_num_seqs = 256)
+    total = 400  # far more than the engine runs at once (max_num_seqs = 64)
     body = chat_body(model_id, "go on", max_tokens=400, ignore_eos=True)
     started_before = engine_started(stack)
     batch = run_batch(client, CHAT, [request_line(f"c{i}", CHAT, body) for i in range(total)])
@@ -402,9 +402,10 @@ def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Bat
     return run_batch(client, CHAT, [request_line(i, CHAT, body) for i in ids]), ids
 
 
-# The worker keeps at most 4 x max_num_seqs = 256 lines in flight. The signal goes out as soon as
-# its own /metrics shows work (not the batch's counts, which trail by a second: the tiny model can
-# finish hundreds of lines in that time), so most of a 400-line batch is still unread on the topic.
+# The engine runs at most max_num_seqs = 64 lines at once; the rest wait in the worker, or on the
+# topic. The signal goes out as soon as the worker's own /metrics shows work (not the batch's
+# counts, which trail by a second: the tiny model can finish hundreds of lines in that time), so
+# most of a 400-line batch has no result yet.
 SIZE = 400
 
 

@@ -156,3 +156,14 @@ async def test_a_batch_is_young_for_its_first_lines_only_and_a_direct_request_ne
     places.give_back("a", "a3")
     assert not await places.take("a", "a4")  # it had its 2 young lines
     assert not await places.take("", "d1", direct=True)
+
+
+async def test_a_shutdown_stops_the_waiters_and_leaves_the_running_lines() -> None:
+    places = EnginePlaces(1)
+    running = await take_now(places, "a")
+    waiters = [asyncio.create_task(take(places, group)) for group in ("a", "b")]
+    await asyncio.sleep(0)
+    places.stop_waiting()
+    for result in await asyncio.gather(*waiters, return_exceptions=True):
+        assert isinstance(result, asyncio.CancelledError)
+    assert places.waiting() == 0 and places.used == 1 and places.run_ids("a") == [running]
