@@ -157,6 +157,8 @@ class RequestHandler:
         self.retry = retry or EngineRetry()
         self.young_batch_lines = young_batch_lines
         beside_young = int(engine.max_running * young_batch_others_share)
+        if young_batch_others_share > 0:
+            beside_young = max(beside_young, 1)  # a small engine keeps one place for the others
         self.places = EnginePlaces(
             engine.max_running and engine.max_running + engine_queue_lines,
             young_batch_lines,

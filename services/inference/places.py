@@ -3,12 +3,14 @@
 At most ``places`` lines run on the engine at once; the rest wait here, in one first-in-first-out
 queue per group (a batch; direct requests are one group). A freed place goes to the group with
 the fewest lines on the engine at that moment (ties: the group whose first waiter came first), so
-no waiting group starves behind later arrivals: its count only falls while it waits.
+no waiting group starves behind later arrivals: its count only falls while it waits (beside young
+lines, below, the other groups keep only their share).
 
 A young line is one of a batch's first ``young_lines`` lines here, taken while the batch holds
 fewer than that; a young group has a young line on the engine and has not grown (taken a line
-that was not young) since. A young line does not wait: it goes on at once, beyond the limit if need
-be, and ``victims`` names the running lines of the other groups that must make way. While a young
+that was not young) since. A young line does not wait (unless every line on the engine is a young
+group's): it goes on at once, beyond the limit if need be, and ``victims`` names the running lines
+of the other groups that must make way. While a young
 group runs, the others keep at most ``beside_young`` lines on the engine: on a CPU each engine
 step costs about in proportion to the lines in it, so a new batch's lines beside 54 others take
 2.5 times as long as alone.
@@ -64,6 +66,7 @@ class EnginePlaces:
         self._queues: dict[str, deque[_Waiter]] = {}
         self._preempted: set[str] = set()
         self._arrivals = itertools.count()
+        self._stopped = False  # a shutdown: no line takes a place any more
 
     @property
     def full(self) -> bool:
@@ -92,7 +95,10 @@ class EnginePlaces:
         """Take a place for the run: at once when one is free and nobody waits for it, or for a
         young line when another group has a line to give up (see ``victims``); else wait.
         Whether the line is young (a direct request never is). Raises ``RequestAborted`` when
-        ``drop`` drops the group's waiters (a cancelled batch)."""
+        ``drop`` drops the group's waiters (a cancelled batch), ``CancelledError`` after
+        ``stop_waiting`` (a shutdown)."""
+        if self._stopped:
+            raise asyncio.CancelledError
         young = not direct and self._take_young(group)
         if (young and (not self.full or self._heaviest_other() is not None)) or (
             not self._queues and self._may_run(group)
@@ -125,8 +131,9 @@ class EnginePlaces:
         self._admit()
 
     def victims(self) -> list[str]:
-        """The running lines that must make way now, newest first (the least work lost) from the
-        group with the most lines on the engine; they count as ``preempted`` until given back.
+        """The running lines that must make way now: one at a time the newest (the least work
+        lost) of the group with the most lines on the engine not named yet; they count as
+        ``preempted`` until given back.
 
         Groups with a young line on the engine give up none. The others together keep at most
         what is left of the places beside those groups' lines, and at most ``beside_young``
@@ -146,7 +153,9 @@ class EnginePlaces:
         self._preempted.difference_update(run_ids)
 
     def stop_waiting(self) -> None:
-        """Every waiter stops waiting: its ``take`` raises ``CancelledError`` (a shutdown)."""
+        """Every waiter stops waiting, and no line takes a place any more: ``take`` raises
+        ``CancelledError`` (a shutdown; the lines on the engine run on)."""
+        self._stopped = True
         for queue in self._queues.values():
             for waiter in queue:
                 waiter.granted.cancel()
@@ -154,7 +163,8 @@ class EnginePlaces:
     def drop(self, group: str) -> None:
         """The group's waiters stop waiting: their ``take`` raises ``RequestAborted``."""
         for waiter in self._queues.pop(group, ()):
-            waiter.granted.set_exception(RequestAborted(group))
+            if not waiter.granted.done():  # not cancelled meanwhile (its task unqueues it)
+                waiter.granted.set_exception(RequestAborted(group))
 
     def _take_young(self, group: str) -> bool:
         """Whether the group's next line is young (counted: at most ``young_lines`` per group)."""

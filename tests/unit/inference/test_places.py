@@ -164,6 +164,10 @@ async def test_a_shutdown_stops_the_waiters_and_leaves_the_running_lines() -> No
     waiters = [asyncio.create_task(take(places, group)) for group in ("a", "b")]
     await asyncio.sleep(0)
     places.stop_waiting()
+    places.drop("b")  # a cancel in the same step: the cancelled waiter is left to its task
     for result in await asyncio.gather(*waiters, return_exceptions=True):
         assert isinstance(result, asyncio.CancelledError)
     assert places.waiting() == 0 and places.used == 1 and places.run_ids("a") == [running]
+    with pytest.raises(asyncio.CancelledError):  # a line read (or a victim back) after the stop
+        await places.take("c", "late")
+    assert places.used == 1
