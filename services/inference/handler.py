@@ -155,7 +155,6 @@ class RequestHandler:
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry()
-        self.young_batch_lines = young_batch_lines
         beside_young = int(engine.max_running * young_batch_others_share)
         if young_batch_others_share > 0:
             beside_young = max(beside_young, 1)  # a small engine keeps one place for the others
