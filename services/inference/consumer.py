@@ -45,10 +45,13 @@ log = logging.getLogger(__name__)
 # poll timeout also bounds how long finished lines wait for a commit while no new lines come.
 COMMIT_INTERVAL_S = 0.1  # the default of BATCHSTREAM_INFERENCE_COMMIT_INTERVAL_S
 POLL_TIMEOUT_MS = 100
-# A full window still polls this often (partitions paused), well within ``max_poll_interval_ms``.
+# The group drops a member that has not polled for this long (its lines go to the others).
+MAX_POLL_INTERVAL_MS = 300_000
+# A full window still polls this often (partitions paused), well within MAX_POLL_INTERVAL_MS.
 # Not on every wake-up: aiokafka drops the records it buffered for a paused partition, and the
-# worker would fetch and decode them again after the resume.
-KEEPALIVE_POLL_S = 30.0
+# worker would fetch and decode them again after the resume. A consumer built with a shorter
+# deadline is given a keep-alive to match (``keepalive_poll_s``).
+KEEPALIVE_POLL_S = MAX_POLL_INTERVAL_MS / 1000 / 10
 # A publish is tried again when the broker refuses or does not confirm it.
 PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
 
@@ -80,7 +83,7 @@ def make_consumer(kafka: KafkaSettings, group: str, **overrides: Any) -> AIOKafk
         "group_id": group,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
-        "max_poll_interval_ms": 300_000,
+        "max_poll_interval_ms": MAX_POLL_INTERVAL_MS,
     }
     options.update(overrides)
     return AIOKafkaConsumer(**options)
@@ -128,10 +131,6 @@ class RequestConsumer:
         self.publish_attempts = max(1, publish_attempts)
         self.publish_retry_max_wait_s = publish_retry_max_wait_s
         self.commit_interval_s = commit_interval_s
-        # A third of the group's poll deadline at most, whatever the consumer was built with.
-        deadline_ms = getattr(consumer, "_max_poll_interval_ms", None)
-        if isinstance(deadline_ms, int | float) and deadline_ms > 0:
-            keepalive_poll_s = min(keepalive_poll_s, deadline_ms / 3000)
         self.keepalive_poll_s = keepalive_poll_s
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self.running = False
