@@ -118,7 +118,7 @@ status:
 lint: $(VENV)/.editable-installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared services deploy
+	$(VENV)/bin/mypy shared services deploy bench
 
 format: $(VENV)/.editable-installed
 	$(VENV)/bin/ruff format .

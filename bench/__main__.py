@@ -1,4 +1,5 @@
-"""Run the benchmarks: ``python -m bench [--only parity|pipeline] [options]`` (``make bench``).
+"""Run the benchmarks: ``python -m bench [--only parity|pipeline] [options]`` (``make bench``), or
+``python -m bench --only versus --against REV`` (this tree against an older commit).
 
 Prints tables and writes bench/results/bench-<time>.json and bench/results/latest.json.
 """
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import parity, pipeline
+from bench import parity, pipeline, versus
 from bench.common import default_path, machine
 from deploy.local import REPO_ROOT
 
@@ -23,7 +24,9 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--only", choices=["parity", "pipeline"], help="run one benchmark")
+    parser.add_argument(
+        "--only", choices=["parity", "pipeline", "versus"], help="run one benchmark (versus: only so)"
+    )
     parser.add_argument(
         "--inference-python",
         default=default_path("BATCHSTREAM_BENCH_INFERENCE_PYTHON", ".venv-inference/bin/python"),
@@ -41,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parity_group.add_argument("--max-num-seqs", type=int, default=64)
     parity_group.add_argument("--max-model-len", type=int, default=2048)
     parity_group.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE for both")
+    versus_group = parser.add_argument_group("versus (the parity batch, this tree against a commit)")
+    versus_group.add_argument("--against", default="", help="the commit (any git revision) to compare")
+    versus_group.add_argument("--pairs", type=int, default=10, help="rounds of one batch on each side")
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
     pipe.add_argument("--lines", type=int, default=50_000)
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
@@ -48,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
     pipe.add_argument("--share-lines", type=int, default=20_000, help="each project's batch (shares)")
     parity_group.add_argument(
-        "--hol-big", type=int, default=2_000, help="big batch (real engine head of line)"
+        "--hol-big", type=int, default=2_000, help="big batch (real engine head of line); 0 skips it"
     )
     parity_group.add_argument("--hol-small", type=int, default=10, help="small batch behind it")
     parser.add_argument(
@@ -98,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, {m['memory_gib']} GiB", flush=True)
     started = time.monotonic()
     path = RESULTS_DIR / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    if args.only == "versus":
+        if not args.against:
+            raise SystemExit("--only versus needs --against REV")
+        report["versus"] = versus.run(args)
     if args.only in (None, "pipeline"):
         report["pipeline"] = pipeline.run(args, RESULTS_DIR)
         _save(report, path)
