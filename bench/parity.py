@@ -313,9 +313,10 @@ def run(args: Any) -> dict[str, Any]:
         f"{summary['batchstream_worker_startup_s']:.1f} s."
     )
     print(cpu_report(rounds, stack.models[0].component))
-    dispatch.print_figures(
-        f"Dispatcher (real engine): {args.hol_small}-line batch behind {args.hol_big:,} lines", hol, None
-    )
+    if hol is not None:
+        dispatch.print_figures(
+            f"Dispatcher (real engine): {args.hol_small}-line batch behind {args.hol_big:,} lines", hol, None
+        )
     return {
         "settings": _settings(args),
         "startup": startup,

@@ -3,21 +3,27 @@
 Answers "did this change cost throughput?", which the parity ratio cannot settle on a shared
 machine: there, ``vllm run-batch`` itself varies by 10-25% from one round to the next, more than
 the 3% to be shown. Here both stacks (each with its own vLLM worker, started before the rounds)
-run at once, so each round's batch has the other stack idle beside it, alike; the rounds go
-ABBA (this, that, that, this, ...), and the figure is the median of the per-pair ratios
-(this tree's tokens/s over the other's, the two batches of one round back to back), with their
-spread. No run-batch and no engine start-up per round, so a round takes ~2 x 25 s and many fit.
+run at once, so each round's batch has the other stack idle beside it (that idle stack's CPU is
+measured and printed, since an idle stack is not free); the rounds go ABBA (this, that, that,
+this, ...), and the figure is the geometric mean of the per-round ratios (this tree's tokens/s
+over the other's, the two batches of one round back to back) with its 95% interval (Student's t
+on the log ratios); the median and range are printed beside it. No run-batch and no engine
+start-up per round, so a round takes ~2 x 25 s and many fit.
 
 The other commit is checked out in a temporary git worktree that shares this tree's ``.venv``,
 ``.venv-inference`` and ``.cache``; each side's stack runs from its own tree, driven by a child
 process (``_SIDE``) that uses that tree's own bench helpers, so the older code is run as it was.
+A child stops its stack when its stdin closes or it gets SIGINT or SIGTERM, so a failed or
+interrupted run leaves no stack behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,10 +31,34 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import median, table
+from bench.common import cpu_seconds, median, table
 from deploy.local import REPO_ROOT
 
-CPU_KEYS = ("worker_cpu_s", "rest_cpu_s")
+CPU_KEYS = ("worker_cpu_s", "rest_cpu_s", "idle_side_cpu_s")
+STOP_WAIT_S = 300  # longer than a stack's own stop timeouts added up
+# Student's t, two-sided 95%, by degrees of freedom (beyond 30: 2.0).
+T95 = dict(enumerate([12.71, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228], start=1)) | {
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+    20: 2.086,
+    21: 2.080,
+    22: 2.074,
+    23: 2.069,
+    24: 2.064,
+    25: 2.060,
+    26: 2.056,
+    27: 2.052,
+    28: 2.048,
+    29: 2.045,
+    30: 2.042,
+}
 SHARED = (".venv", ".venv-inference", ".cache")  # linked into the other tree, not rebuilt
 
 # One side's driver, run with ``python -c`` in its tree (its cwd first on sys.path): it starts
@@ -37,8 +67,10 @@ SHARED = (".venv", ".venv-inference", ".cache")  # linked into the other tree, n
 _SIDE = r"""
 import hashlib, json, os, shutil, sys, tempfile
 from pathlib import Path
+import signal
 answer = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally: the stack stops
 cfg = json.loads(sys.argv[1])
 os.environ["VLLM_CPU_KVCACHE_SPACE"] = cfg["kv_cache_gib"]
 from openai import OpenAI
@@ -54,7 +86,7 @@ try:
     client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
     poller, tap = MongoPoller(stack), ResultsTap(stack)
     try:
-        answer.write(json.dumps({"ready": True}) + "\n")
+        answer.write(json.dumps({"ready": True, "pids": stack.pids()}) + "\n")
         for command in sys.stdin:
             if command.strip() != "run":
                 break
@@ -77,6 +109,7 @@ class Side:
     def __init__(self, name: str, tree: Path, config: dict[str, Any], log: Path) -> None:
         self.name = name
         self.log = log
+        self.pids: dict[str, int] = {}
         self._stderr = log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _SIDE, json.dumps(config)],
@@ -86,7 +119,14 @@ class Side:
             stderr=self._stderr,
             text=True,
         )
-        self._read()  # {"ready": true}, once its stack is up
+
+    def wait_ready(self) -> None:
+        """Until its stack is up."""
+        self.pids = self._read()["pids"]
+
+    def cpu_s(self) -> float:
+        """CPU seconds its stack's processes have used so far."""
+        return sum(cpu_seconds(pid) for pid in self.pids.values())
 
     def run(self) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -95,14 +135,16 @@ class Side:
         return self._read()
 
     def close(self) -> None:
-        """Ends the child, which stops its stack (by its ``finally``); waits for it."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
+        """Ends the child, which stops its stack (its ``finally``); never raises."""
+        with contextlib.suppress(OSError):  # a child already gone: a broken pipe
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        for nudge in (None, signal.SIGINT, signal.SIGKILL):
+            if nudge is not None:
+                self.proc.send_signal(nudge)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=STOP_WAIT_S)
+                break
         self._stderr.close()
 
     def _read(self) -> dict[str, Any]:
@@ -130,14 +172,20 @@ def remove(tree: Path) -> None:
     subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "remove", "--force", str(tree)], check=False)
 
 
+def git(*argv: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO_ROOT), *argv], capture_output=True, text=True).stdout.strip()
+
+
 def describe(rev: str) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%h %s", rev], capture_output=True, text=True
-    )
-    return out.stdout.strip()[:72] or rev
+    return git("log", "-1", "--format=%h %s", rev)[:72] or rev
 
 
 def run(args: Any) -> dict[str, Any]:
+    if args.pairs < 2:
+        raise SystemExit("--pairs must be at least 2 (the interval needs two rounds)")
+    for needed in (Path(args.inference_python), Path(args.model_dir, "config.json")):
+        if not needed.exists():
+            raise SystemExit(f"{needed} is missing (run `make venvs` and `make test` once)")
     config = {
         "kv_cache_gib": args.kv_cache_gib,
         "requests": args.parity_requests,
@@ -151,30 +199,47 @@ def run(args: Any) -> dict[str, Any]:
             **args.env,
         },
     }
-    work = Path(tempfile.mkdtemp(prefix="batchstream-versus-"))
+    versions = {
+        "this": git("rev-parse", "HEAD") + (" (uncommitted changes)" if git("status", "--porcelain") else ""),
+        "that": git("rev-parse", args.against) or args.against,
+    }
     that_name = describe(args.against)
-    print(f"versus: checking out {that_name} ...", flush=True)
-    tree = checkout(args.against, work)
+    work = Path(tempfile.mkdtemp(prefix="batchstream-versus-"))
     sides: list[Side] = []
     rounds: list[dict[str, Any]] = []
+    tree: Path | None = None
+    finished = False
     try:
+        print(f"versus: checking out {that_name} ...", flush=True)
+        tree = checkout(args.against, work)
         for name, root in (("this", REPO_ROOT), ("that", tree)):
             print(f"versus: starting {name} side's stack ({root}) ...", flush=True)
             sides.append(Side(name, root, config, work / f"{name}.log"))
+            sides[-1].wait_ready()
         for r in range(args.pairs):
             for side in sides if r % 2 == 0 else sides[::-1]:
-                result = side.run() | {"round": r + 1, "side": side.name}
-                print(
-                    f"versus: round {r + 1}/{args.pairs}: {side.name} {result['tokens_per_s']:,.0f} tok/s",
-                    flush=True,
-                )
-                rounds.append(result)
+                rounds.append(run_round(side, next(s for s in sides if s is not side), r + 1))
+                speed = rounds[-1]["tokens_per_s"]
+                print(f"versus: round {r + 1}/{args.pairs}: {side.name} {speed:,.0f} tok/s", flush=True)
+        finished = True
     finally:
         for side in sides:
             side.close()
-        remove(tree)
-        shutil.rmtree(work, ignore_errors=True)
-    return report(rounds, that_name, args)
+        if tree is not None:
+            remove(tree)
+        if finished:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"versus: the sides' logs are kept in {work}", flush=True)
+    settings = {k: v for k, v in config.items() if k != "env"} | {"env": args.env, "pairs": args.pairs}
+    return report(rounds, that_name, args) | {"versions": versions, "settings": settings}
+
+
+def run_round(side: Side, idle: Side, number: int) -> dict[str, Any]:
+    """One batch on ``side``, and the CPU the idle side's stack used meanwhile."""
+    idle_before = idle.cpu_s()
+    result = side.run()
+    return result | {"round": number, "side": side.name, "idle_side_cpu_s": idle.cpu_s() - idle_before}
 
 
 def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str, Any]:
@@ -187,16 +252,18 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
         return [x[key] for x in rounds if x["side"] == side]
 
     pairs = [t / o for t, o in zip(of("this", "tokens_per_s"), of("that", "tokens_per_s"), strict=True)]
-    mean = statistics.fmean(pairs)
-    half = 1.96 * statistics.stdev(pairs) / math.sqrt(len(pairs)) if len(pairs) > 1 else math.inf
+    logs = [math.log(p) for p in pairs]
+    mean = math.exp(statistics.fmean(logs))
+    half = T95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
+    low, high = mean * math.exp(-half), mean * math.exp(half)
     summary = {
         "against": that_name,
         "this_tokens_per_s": median(of("this", "tokens_per_s")),
         "that_tokens_per_s": median(of("that", "tokens_per_s")),
         "pair_ratios": pairs,
         "ratio_median": median(pairs),
-        "ratio_mean": mean,
-        "ratio_mean_95": [mean - half, mean + half],
+        "ratio_geomean": mean,
+        "ratio_geomean_95": [low, high],
         **{f"{side}_{key}": median(of(side, key)) for side in ("this", "that") for key in CPU_KEYS},
         "same_texts": len({x["texts_sha256"] for x in rounds}) == 1,
     }
@@ -205,7 +272,16 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
         table(
             f"Versus {that_name}: {args.parity_requests} chat requests x {args.max_tokens} tokens, "
             f"max_num_seqs={args.max_num_seqs}, both stacks up, rounds ABBA",
-            ["round", "side", "timed s", "tok/s", "to first result s", "worker CPU s", "rest CPU s"],
+            [
+                "round",
+                "side",
+                "timed s",
+                "tok/s",
+                "to first result s",
+                "worker CPU s",
+                "rest CPU s",
+                "idle side CPU s",
+            ],
             [
                 [
                     x["round"],
@@ -215,6 +291,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
                     x["to_first_result_s"],
                     x["worker_cpu_s"],
                     x["rest_cpu_s"],
+                    x["idle_side_cpu_s"],
                 ]
                 for x in rounds
             ],
@@ -224,10 +301,12 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
     print(
         f"median tok/s: this tree {summary['this_tokens_per_s']:,.0f}, {that} "
         f"{summary['that_tokens_per_s']:,.0f}. Per-round ratio this/that over {len(pairs)} rounds: "
-        f"median {summary['ratio_median']:.3f}, mean {mean:.3f} (95% interval {mean - half:.3f}-"
-        f"{mean + half:.3f}), range {min(pairs):.3f}-{max(pairs):.3f}. CPU s per batch (median), "
-        f"this / {that}: worker (engine included) {summary['this_worker_cpu_s']:.1f} / "
+        f"geometric mean {mean:.3f} (95% interval {low:.3f}-{high:.3f}), median "
+        f"{summary['ratio_median']:.3f}, range {min(pairs):.3f}-{max(pairs):.3f}. CPU s per batch "
+        f"(median), this / {that}: worker (engine included) {summary['this_worker_cpu_s']:.1f} / "
         f"{summary['that_worker_cpu_s']:.1f}, the rest of the stack {summary['this_rest_cpu_s']:.1f} / "
-        f"{summary['that_rest_cpu_s']:.1f}. Same texts on both: {summary['same_texts']}."
+        f"{summary['that_rest_cpu_s']:.1f}, the other side's idle stack beside its batches "
+        f"{summary['this_idle_side_cpu_s']:.1f} / {summary['that_idle_side_cpu_s']:.1f}. "
+        f"Same texts on both: {summary['same_texts']}."
     )
     return {"rounds": rounds, "summary": summary}

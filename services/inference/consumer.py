@@ -49,8 +49,8 @@ POLL_TIMEOUT_MS = 100
 MAX_POLL_INTERVAL_MS = 300_000
 # A full window still polls this often (partitions paused), well within MAX_POLL_INTERVAL_MS.
 # Not on every wake-up: aiokafka drops the records it buffered for a paused partition, and the
-# worker would fetch and decode them again after the resume. A consumer built with a shorter
-# deadline is given a keep-alive to match (``keepalive_poll_s``).
+# worker would fetch and decode them again after the resume. Whoever builds a consumer with a
+# shorter deadline must pass a keep-alive to match (``keepalive_poll_s``).
 KEEPALIVE_POLL_S = MAX_POLL_INTERVAL_MS / 1000 / 10
 # A publish is tried again when the broker refuses or does not confirm it.
 PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
