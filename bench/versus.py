@@ -31,7 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import cpu_seconds, median, table
+from bench.common import median, table
+from bench.parity import stack_cpu
 from deploy.local import REPO_ROOT
 
 CPU_KEYS = ("worker_cpu_s", "rest_cpu_s", "idle_side_cpu_s")
@@ -65,9 +66,8 @@ SHARED = (".venv", ".venv-inference", ".cache")  # linked into the other tree, n
 # that tree's stack, then runs the parity batch once per "run" line on stdin and answers one JSON
 # line per batch on its own stdout channel (everything else the tree prints goes to stderr).
 _SIDE = r"""
-import hashlib, json, os, shutil, sys, tempfile
+import hashlib, json, os, shutil, signal, sys, tempfile
 from pathlib import Path
-import signal
 answer = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally: the stack stops
@@ -126,7 +126,7 @@ class Side:
 
     def cpu_s(self) -> float:
         """CPU seconds its stack's processes have used so far."""
-        return sum(cpu_seconds(pid) for pid in self.pids.values())
+        return sum(stack_cpu(self.pids).values())
 
     def run(self) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -159,21 +159,25 @@ class Side:
         return json.loads(line)  # type: ignore[no-any-return]
 
 
+def git(*argv: str, check: bool = False) -> str:
+    """A git command in this tree; its output (with ``check``, its failure ends the run, saying why)."""
+    done = subprocess.run(["git", "-C", str(REPO_ROOT), *argv], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise SystemExit(f"git {' '.join(argv)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
 def checkout(rev: str, into: Path) -> Path:
     """A detached worktree of ``rev`` sharing this tree's environments."""
     tree = into / "tree"
-    subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "add", "--detach", str(tree), rev], check=True)
+    git("worktree", "add", "--detach", str(tree), rev, check=True)
     for name in SHARED:
         (tree / name).symlink_to(REPO_ROOT / name)
     return tree
 
 
 def remove(tree: Path) -> None:
-    subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-
-
-def git(*argv: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *argv], capture_output=True, text=True).stdout.strip()
+    git("worktree", "remove", "--force", str(tree))
 
 
 def describe(rev: str) -> str:
@@ -181,6 +185,8 @@ def describe(rev: str) -> str:
 
 
 def run(args: Any) -> dict[str, Any]:
+    if not args.against:
+        raise SystemExit("--only versus needs --against REV")
     if args.pairs < 2:
         raise SystemExit("--pairs must be at least 2 (the interval needs two rounds)")
     for needed in (Path(args.inference_python), Path(args.model_dir, "config.json")):
@@ -201,7 +207,7 @@ def run(args: Any) -> dict[str, Any]:
     }
     versions = {
         "this": git("rev-parse", "HEAD") + (" (uncommitted changes)" if git("status", "--porcelain") else ""),
-        "that": git("rev-parse", args.against) or args.against,
+        "that": git("rev-parse", "--verify", f"{args.against}^{{commit}}", check=True),
     }
     that_name = describe(args.against)
     work = Path(tempfile.mkdtemp(prefix="batchstream-versus-"))
