@@ -103,10 +103,25 @@ class Dispatcher:
                 await asyncio.sleep(0)  # a full round: more may be due at once
                 continue
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.round_seconds)
+                await asyncio.wait_for(self._wake.wait(), timeout=self._pause(self.clock()))
             except TimeoutError:
                 pass
             self._wake.clear()
+
+    def _pause(self, now: float) -> float:
+        """Seconds until a round has something to do: the next meter of a model whose lines wait
+        (only a new reading of the group's offsets lets more lines go), else the next refresh.
+        The lease, journey and position timers are slower than the refresh and ride on it."""
+        due = [self._refreshed_at + self.settings.refresh_seconds]
+        for model, state in self.models.items():
+            if state.held_at is not None and self._lines_waiting(model, now):
+                due.append(state.metered_at + self.settings.meter_seconds)
+        return max(0.0, min(due) - now)
+
+    def _lines_waiting(self, model: str, now: float) -> bool:
+        return any(
+            b.model == model and b.remaining > 0 and b.dispatchable(now) for b in self.batches.values()
+        )
 
     async def _round_retrying(self) -> int:
         """A round, tried again with backoff while a dependency fails (MongoDB, Kafka, S3)."""
@@ -233,8 +248,12 @@ class Dispatcher:
         self._refresh_now = True
 
     async def _meter(self, model: str, now: float) -> None:
+        """Read the group's offsets: every ``meter_seconds`` while lines wait to be sent, else only
+        as often as the journeys are checked (``recovery`` needs the commits, nothing else does)."""
         state = self._model(model)
-        if now - state.metered_at < self.settings.meter_seconds:
+        waiting = self._lines_waiting(model, now)
+        every = self.settings.meter_seconds if waiting else self.settings.journey_check_seconds
+        if now - state.metered_at < every:
             return
         state.metered_at = now
         await self._ensure_topic(model)
@@ -246,9 +265,6 @@ class Dispatcher:
         except Exception as exc:
             log.warning("reading the group's offsets failed: %s", exc, extra={"model": model})
             return
-        waiting = any(
-            b.model == model and b.remaining > 0 and b.dispatchable(now) for b in self.batches.values()
-        )
         state.backlog.observe(committed, members, now, waiting)
         state.book.committed(committed, now)
         metrics.TOPIC_BACKLOG.labels(model).set(state.backlog.lag)

@@ -111,13 +111,19 @@ MEMBERS_EVERY_S = 1.0  # workers join and leave rarely: the offsets are read far
 
 
 class GroupProbe:
-    """Reads a consumer group's committed offsets and member count with one admin client."""
+    """Reads a consumer group's committed offsets and member count with one admin client.
+
+    The group's coordinator (the broker that answers for it) is found once and kept: without it,
+    every read would first ask the cluster for the coordinator, twice the requests. A failed read
+    forgets it, so the next read finds it again (the coordinator moved, or the broker restarted).
+    """
 
     def __init__(self, bootstrap_servers: str) -> None:
         self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
         self._started = False
         self._describe_works = True
         self._members: dict[str, tuple[float, int]] = {}  # group -> (read at, members)
+        self._coordinators: dict[str, int] = {}  # group -> coordinator's node id
 
     async def read(self, group: str, topic: str, partitions: int) -> tuple[dict[int, int], int]:
         """Committed offsets of ``topic``'s partitions (named: Tansu misreads "all") and members."""
@@ -125,13 +131,24 @@ class GroupProbe:
             await self._admin.start()
             self._started = True
         wanted = [TopicPartition(topic, p) for p in range(partitions)]
-        offsets = await self._admin.list_consumer_group_offsets(group, partitions=wanted)
+        coordinator = await self._coordinator(group)
+        try:
+            offsets = await self._admin.list_consumer_group_offsets(group, coordinator, wanted)
+        except Exception:
+            self._coordinators.pop(group, None)
+            raise
         committed = {
             tp.partition: meta.offset
             for tp, meta in offsets.items()
             if tp.topic == topic and meta.offset >= 0
         }
         return committed, await self._members_cached(group)
+
+    async def _coordinator(self, group: str) -> int:
+        found = self._coordinators.get(group)
+        if found is None:
+            found = self._coordinators[group] = await self._admin.find_coordinator(group)
+        return found
 
     async def _members_cached(self, group: str) -> int:
         now = time.monotonic()
@@ -145,7 +162,9 @@ class GroupProbe:
         if not self._describe_works:
             return 1
         try:
-            responses = await self._admin.describe_consumer_groups([group])
+            responses = await self._admin.describe_consumer_groups(
+                [group], group_coordinator_id=self._coordinators.get(group)
+            )
             # raw DescribeGroups responses: groups are (error, id, state, type, protocol, members)
             members = [m for r in responses for g in r.groups for m in g[5]]
             return max(1, len(members))

@@ -15,10 +15,9 @@ class DispatchSettings(BaseSettings):
 
     round_lines: int = 512
     """Most lines one dispatch round sends per model."""
-    round_seconds: float = 0.05
-    """Seconds between dispatch rounds (sooner when a batch becomes dispatchable here)."""
     refresh_seconds: float = 0.25
-    """How often the queued batches are read from MongoDB (status, cancellation, new batches)."""
+    """How often the queued batches are read from MongoDB (status, cancellation, new batches); the
+    pause between rounds when no lines wait (a batch made dispatchable here wakes the loop at once)."""
     start_lines: int = 32
     """Lines a batch that has not started yet gets ahead of the order in its first round."""
     quantum_lines: int = 16
@@ -47,7 +46,8 @@ class DispatchSettings(BaseSettings):
     group_prefix: str = "batchstream-inference-"
     """The inference consumer group of a model: this prefix plus the model's topic slug."""
     meter_seconds: float = 0.1
-    """How often the consumer group's committed offsets are read."""
+    """How often the consumer group's committed offsets are read while lines wait to be sent (a
+    round follows each reading); with nothing to send, every ``journey_check_seconds``."""
     lease_ttl_s: float = 5.0
     """One active dispatcher per model: a lease in MongoDB that lapses this long after its last
     renewal (the takeover time after a crash)."""
