@@ -115,8 +115,12 @@ class Dispatcher:
         due = [self._refreshed_at + self.settings.refresh_seconds]
         for model, state in self.models.items():
             if state.held_at is not None and self._lines_waiting(model, now):
-                due.append(state.metered_at + self.settings.meter_seconds)
+                due.append(state.metered_at + self._reading_interval(state))
         return max(0.0, min(due) - now)
+
+    def _reading_interval(self, state: ModelState) -> float:
+        settings = self.settings
+        return state.backlog.reading_interval(settings.meter_seconds, settings.journey_check_seconds)
 
     def _lines_waiting(self, model: str, now: float) -> bool:
         return any(
@@ -248,11 +252,11 @@ class Dispatcher:
         self._refresh_now = True
 
     async def _meter(self, model: str, now: float) -> None:
-        """Read the group's offsets: every ``meter_seconds`` while lines wait to be sent, else only
-        as often as the journeys are checked (``recovery`` needs the commits, nothing else does)."""
+        """Read the group's offsets: while lines wait to be sent, as the backlog drains (``meter``);
+        else only as often as the journeys are checked (``recovery`` needs the commits)."""
         state = self._model(model)
         waiting = self._lines_waiting(model, now)
-        every = self.settings.meter_seconds if waiting else self.settings.journey_check_seconds
+        every = self._reading_interval(state) if waiting else self.settings.journey_check_seconds
         if now - state.metered_at < every:
             return
         state.metered_at = now

@@ -33,6 +33,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 1.0  # the committed offsets move in steps (workers commit every 0.1 s): smooth
+DRAIN_FRACTION = 0.25  # read the offsets again once about this much of the backlog has drained
 
 
 @dataclass
@@ -92,6 +93,16 @@ class Backlog:
     def target(self) -> int:
         wanted = min(self.max_backlog, max(self._target, self._needed))
         return max(self.min_backlog, math.ceil(wanted))
+
+    def reading_interval(self, fastest: float, slowest: float) -> float:
+        """Seconds until the group's offsets are worth reading again: when, at the measured rate,
+        about a quarter of the lines in the topic will have been worked off (the rest still keep
+        the workers busy), between ``fastest`` and ``slowest``. So a slow engine's group is read
+        rarely (each reading is a request the broker answers, CPU the engine may share); a fast
+        one, an empty topic or an unknown rate, every ``fastest`` seconds."""
+        if self.rate <= 0 or self.lag == 0:
+            return fastest
+        return min(slowest, max(fastest, DRAIN_FRACTION * self.lag / self.rate))
 
     def allowance(self, ours_in_topic: int) -> int:
         """Lines we may send now.

@@ -46,8 +46,10 @@ class DispatchSettings(BaseSettings):
     group_prefix: str = "batchstream-inference-"
     """The inference consumer group of a model: this prefix plus the model's topic slug."""
     meter_seconds: float = 0.1
-    """How often the consumer group's committed offsets are read while lines wait to be sent (a
-    round follows each reading); with nothing to send, every ``journey_check_seconds``."""
+    """Shortest pause between readings of the consumer group's committed offsets. While lines wait
+    to be sent, they are read once about a quarter of the topic's backlog has drained at the
+    measured rate (at most ``journey_check_seconds`` apart; a round follows each reading); with
+    nothing to send, every ``journey_check_seconds``."""
     lease_ttl_s: float = 5.0
     """One active dispatcher per model: a lease in MongoDB that lapses this long after its last
     renewal (the takeover time after a crash)."""

@@ -71,3 +71,19 @@ def test_the_target_does_not_grow_while_older_lines_still_wait() -> None:
         meter.observe({0: 100 * step}, members=1, now=clock(), waiting=True)
         clock.advance(0.1)
     assert meter.target == 100  # one worker's window: no growth
+
+
+def test_the_offsets_are_read_as_often_as_a_quarter_of_the_backlog_drains() -> None:
+    meter = backlog()
+    assert meter.reading_interval(0.1, 1.0) == 0.1  # no rate known yet: read often
+    meter.observe({0: 0}, members=1, now=0.0, waiting=True)
+    meter.observe({0: 16}, members=1, now=1.0, waiting=True)  # a slow engine: 16 lines/s
+    meter.produced(0, 16 + 139)  # 140 lines in the topic: a quarter of them drain in ~2.2 s
+    assert meter.rate == 16 and meter.reading_interval(0.1, 1.0) == 1.0  # at most the slowest
+    meter.observe({0: 2016}, members=1, now=2.0, waiting=True)  # a fast one: 2,000 lines/s
+    meter.produced(0, 2016 + 599)  # 600 lines in the topic: a quarter drains in 0.075 s
+    assert meter.reading_interval(0.1, 1.0) == 0.1  # at least the fastest
+    meter.produced(0, 2016 + 1599)  # 1,600 lines: a quarter drains in 0.2 s
+    assert abs(meter.reading_interval(0.1, 1.0) - 0.2) < 0.01
+    meter.observe({0: 2016 + 1600}, members=1, now=3.0, waiting=True)  # all drained: read often
+    assert meter.lag == 0 and meter.reading_interval(0.1, 1.0) == 0.1
