@@ -109,14 +109,19 @@ class Dispatcher:
             self._wake.clear()
 
     def _pause(self, now: float) -> float:
-        """Seconds until a round has something to do: the next meter of a model whose lines wait
-        (only a new reading of the group's offsets lets more lines go), else the next refresh.
-        The lease, journey and position timers are slower than the refresh and ride on it."""
-        due = [self._refreshed_at + self.settings.refresh_seconds]
+        """Seconds until a round has something to do: at once when the queue must be read again
+        (a lease just taken), the next meter of a model whose lines wait (only a new reading of
+        the group's offsets lets more lines go), else the next refresh. Never longer than the
+        shortest of the other timers (lease, journeys, positions), whatever the settings."""
+        if self._refresh_now:
+            return 0.0
+        s = self.settings
+        due = [self._refreshed_at + s.refresh_seconds]
         for model, state in self.models.items():
             if state.held_at is not None and self._lines_waiting(model, now):
                 due.append(state.metered_at + self._reading_interval(state))
-        return max(0.0, min(due) - now)
+        longest = min(s.refresh_seconds, s.lease_renew_s, s.journey_check_seconds, s.position_flush_s)
+        return min(longest, max(0.0, min(due) - now))  # bounded even if the wall clock jumps back
 
     def _reading_interval(self, state: ModelState) -> float:
         settings = self.settings

@@ -99,10 +99,11 @@ class Backlog:
         about a quarter of the lines in the topic will have been worked off (the rest still keep
         the workers busy), between ``fastest`` and ``slowest``. So a slow engine's group is read
         rarely (each reading is a request the broker answers, CPU the engine may share); a fast
-        one, an empty topic or an unknown rate, every ``fastest`` seconds."""
+        one, an empty topic or an unknown rate, every ``fastest`` seconds. Lines beyond what the
+        rate needs (a slow start's ramp) do not stretch it: a warming engine may speed up."""
         if self.rate <= 0 or self.lag == 0:
             return fastest
-        return min(slowest, max(fastest, DRAIN_FRACTION * self.lag / self.rate))
+        return min(slowest, max(fastest, DRAIN_FRACTION * min(self.lag, self._needed) / self.rate))
 
     def allowance(self, ours_in_topic: int) -> int:
         """Lines we may send now.
@@ -119,14 +120,18 @@ class Backlog:
 
 
 MEMBERS_EVERY_S = 1.0  # workers join and leave rarely: the offsets are read far more often
+COORDINATOR_EVERY_S = 30.0  # find the group's coordinator again at least this often
+NOT_COORDINATOR_ERRORS = {14, 15, 16}  # load in progress, not available, not coordinator
 
 
 class GroupProbe:
     """Reads a consumer group's committed offsets and member count with one admin client.
 
     The group's coordinator (the broker that answers for it) is found once and kept: without it,
-    every read would first ask the cluster for the coordinator, twice the requests. A failed read
-    forgets it, so the next read finds it again (the coordinator moved, or the broker restarted).
+    every read would first ask the cluster for the coordinator, twice the requests. It is found
+    again after a failed read, after an answer that lacks a partition asked for (aiokafka drops a
+    broker's group-level NOT_COORDINATOR error and returns nothing), after a DescribeGroups error
+    saying so, and every ``COORDINATOR_EVERY_S`` in any case.
     """
 
     def __init__(self, bootstrap_servers: str) -> None:
@@ -134,7 +139,7 @@ class GroupProbe:
         self._started = False
         self._describe_works = True
         self._members: dict[str, tuple[float, int]] = {}  # group -> (read at, members)
-        self._coordinators: dict[str, int] = {}  # group -> coordinator's node id
+        self._coordinators: dict[str, tuple[float, int]] = {}  # group -> (found at, node id)
 
     async def read(self, group: str, topic: str, partitions: int) -> tuple[dict[int, int], int]:
         """Committed offsets of ``topic``'s partitions (named: Tansu misreads "all") and members."""
@@ -148,6 +153,8 @@ class GroupProbe:
         except Exception:
             self._coordinators.pop(group, None)
             raise
+        if any(tp not in offsets for tp in wanted):  # every partition named is answered, or none
+            self._coordinators.pop(group, None)
         committed = {
             tp.partition: meta.offset
             for tp, meta in offsets.items()
@@ -156,33 +163,38 @@ class GroupProbe:
         return committed, await self._members_cached(group)
 
     async def _coordinator(self, group: str) -> int:
-        found = self._coordinators.get(group)
-        if found is None:
-            found = self._coordinators[group] = await self._admin.find_coordinator(group)
-        return found
+        now = time.monotonic()
+        found_at, node = self._coordinators.get(group, (float("-inf"), -1))
+        if now - found_at >= COORDINATOR_EVERY_S:
+            node = await self._admin.find_coordinator(group)
+            self._coordinators[group] = (now, node)
+        return node
 
     async def _members_cached(self, group: str) -> int:
         now = time.monotonic()
         read_at, members = self._members.get(group, (float("-inf"), 1))
         if now - read_at >= MEMBERS_EVERY_S:
-            members = await self._read_members(group)
+            members = await self._read_members(group) or members  # None: keep the last count
             self._members[group] = (now, members)
         return members
 
-    async def _read_members(self, group: str) -> int:
+    async def _read_members(self, group: str) -> int | None:
         if not self._describe_works:
             return 1
         try:
             responses = await self._admin.describe_consumer_groups(
-                [group], group_coordinator_id=self._coordinators.get(group)
+                [group], group_coordinator_id=self._coordinators.get(group, (0.0, None))[1]
             )
-            # raw DescribeGroups responses: groups are (error, id, state, type, protocol, members)
-            members = [m for r in responses for g in r.groups for m in g[5]]
-            return max(1, len(members))
         except Exception as exc:  # a broker without DescribeGroups: assume one worker
             log.info("cannot describe the consumer group: %s", exc, extra={"group": group})
             self._describe_works = False
             return 1
+        # raw DescribeGroups responses: groups are (error, id, state, type, protocol, members)
+        groups = [g for r in responses for g in r.groups]
+        if any(g[0] in NOT_COORDINATOR_ERRORS for g in groups):
+            self._coordinators.pop(group, None)  # asked the wrong broker: find it again
+            return None
+        return max(1, sum(len(g[5]) for g in groups))
 
     async def close(self) -> None:
         if self._started:

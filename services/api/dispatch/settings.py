@@ -42,7 +42,8 @@ class DispatchSettings(BaseSettings):
     """Largest topic backlog target, in lines."""
     commit_lag_s: float = 0.3
     """How long a finished line stays in the measured backlog: the workers commit every 0.1 s, a
-    worker waiting for lines polls up to 0.2 s, and the offsets are read every ``meter_seconds``."""
+    worker waiting for lines polls up to 0.2 s, and the offsets are read as the backlog drains (a
+    fast engine's every ~0.15 s; see ``meter_seconds``)."""
     group_prefix: str = "batchstream-inference-"
     """The inference consumer group of a model: this prefix plus the model's topic slug."""
     meter_seconds: float = 0.1
@@ -66,7 +67,8 @@ class DispatchSettings(BaseSettings):
     """After a takeover, lines an earlier dispatcher sent that still lack a result after this are
     sent again (their offsets died with it)."""
     journey_check_seconds: float = 1.0
-    """How often sent lines are checked for results."""
+    """How often sent lines are checked for results; also the longest pause between readings of
+    the group's offsets (the only readings while a model has nothing to send)."""
 
     @field_validator("project_weights")
     @classmethod
