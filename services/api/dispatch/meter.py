@@ -33,7 +33,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 1.0  # the committed offsets move in steps (workers commit every 0.1 s): smooth
-DRAIN_FRACTION = 0.25  # read the offsets again once about this much of the backlog has drained
+DRAIN_FRACTION = 0.125  # read the offsets again once about this much of the backlog has drained
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Backlog:
 
     def reading_interval(self, fastest: float, slowest: float) -> float:
         """Seconds until the group's offsets are worth reading again: when, at the measured rate,
-        about a quarter of the lines in the topic will have been worked off (the rest still keep
+        about an eighth of the lines in the topic will have been worked off (the rest still keep
         the workers busy), between ``fastest`` and ``slowest``. So a slow engine's group is read
         rarely (each reading is a request the broker answers, CPU the engine may share); a fast
         one, an empty topic or an unknown rate, every ``fastest`` seconds. Lines beyond what the

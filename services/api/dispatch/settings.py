@@ -43,12 +43,12 @@ class DispatchSettings(BaseSettings):
     commit_lag_s: float = 0.3
     """How long a finished line stays in the measured backlog: the workers commit every 0.1 s, a
     worker waiting for lines polls up to 0.2 s, and the offsets are read as the backlog drains (a
-    fast engine's every ~0.15 s; see ``meter_seconds``)."""
+    fast engine's every 0.1 s, a slow one's up to every second; see ``meter_seconds``)."""
     group_prefix: str = "batchstream-inference-"
     """The inference consumer group of a model: this prefix plus the model's topic slug."""
     meter_seconds: float = 0.1
     """Shortest pause between readings of the consumer group's committed offsets. While lines wait
-    to be sent, they are read once about a quarter of the topic's backlog has drained at the
+    to be sent, they are read once about an eighth of the topic's backlog has drained at the
     measured rate (at most ``journey_check_seconds`` apart; a round follows each reading); with
     nothing to send, every ``journey_check_seconds``."""
     lease_ttl_s: float = 5.0

@@ -73,17 +73,20 @@ def test_the_target_does_not_grow_while_older_lines_still_wait() -> None:
     assert meter.target == 100  # one worker's window: no growth
 
 
-def test_the_offsets_are_read_as_often_as_a_quarter_of_the_backlog_drains() -> None:
-    meter = backlog()
+def test_the_offsets_are_read_as_an_eighth_of_the_backlog_drains() -> None:
+    meter = backlog()  # needs one window (100) plus 1 s of the rate
     assert meter.reading_interval(0.1, 1.0) == 0.1  # no rate known yet: read often
     meter.observe({0: 0}, members=1, now=0.0, waiting=True)
     meter.observe({0: 16}, members=1, now=1.0, waiting=True)  # a slow engine: 16 lines/s
-    meter.produced(0, 16 + 139)  # 140 lines in the topic: a quarter of them drain in ~2.2 s
-    assert meter.rate == 16 and meter.reading_interval(0.1, 1.0) == 1.0  # at most the slowest
+    meter.produced(0, 16 + 115)  # 116 lines in the topic: an eighth of them drain in ~0.9 s
+    assert meter.rate == 16 and abs(meter.reading_interval(0.1, 1.0) - 0.906) < 0.01
+    assert meter.reading_interval(0.1, 0.5) == 0.5  # at most the slowest
     meter.observe({0: 2016}, members=1, now=2.0, waiting=True)  # a fast one: 2,000 lines/s
-    meter.produced(0, 2016 + 599)  # 600 lines in the topic: a quarter drains in 0.075 s
+    meter.produced(0, 2016 + 599)  # 600 lines in the topic: an eighth drains in 0.0375 s
     assert meter.reading_interval(0.1, 1.0) == 0.1  # at least the fastest
-    meter.produced(0, 2016 + 1599)  # 1,600 lines: a quarter drains in 0.2 s
-    assert abs(meter.reading_interval(0.1, 1.0) - 0.2) < 0.01
-    meter.observe({0: 2016 + 1600}, members=1, now=3.0, waiting=True)  # all drained: read often
+    meter.produced(0, 2016 + 2099)  # 2,100 lines, what the rate needs: an eighth in 0.13 s
+    assert abs(meter.reading_interval(0.1, 1.0) - 0.131) < 0.01
+    meter.produced(0, 2016 + 9999)  # a slow start's surplus beyond that does not stretch it
+    assert abs(meter.reading_interval(0.1, 1.0) - 0.131) < 0.01
+    meter.observe({0: 2016 + 10000}, members=1, now=3.0, waiting=True)  # all drained: read often
     assert meter.lag == 0 and meter.reading_interval(0.1, 1.0) == 0.1
