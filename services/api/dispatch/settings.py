@@ -42,8 +42,8 @@ class DispatchSettings(BaseSettings):
     """Largest topic backlog target, in lines."""
     commit_lag_s: float = 0.3
     """How long a finished line stays in the measured backlog: the workers commit every 0.1 s, a
-    worker waiting for lines polls up to 0.2 s, and the offsets are read as the backlog drains (a
-    fast engine's every 0.1 s, a slow one's up to every second; see ``meter_seconds``)."""
+    worker waiting for lines polls up to 0.1 s, and a fast engine's group is read every 0.1 s
+    (``meter_seconds``; a slow engine's is read less often, but its lines take far longer)."""
     group_prefix: str = "batchstream-inference-"
     """The inference consumer group of a model: this prefix plus the model's topic slug."""
     meter_seconds: float = 0.1
