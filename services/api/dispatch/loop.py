@@ -117,15 +117,18 @@ class Dispatcher:
             return 0.0
         s = self.settings
         due = [self._refreshed_at + s.refresh_seconds]
-        for model, state in self.models.items():
-            if state.held_at is not None and self._lines_waiting(model, now):
-                due.append(state.metered_at + self._reading_interval(state))
+        due += [self._next_reading(model, now) for model, st in self.models.items() if st.held_at is not None]
         longest = min(s.refresh_seconds, s.lease_renew_s, s.journey_check_seconds, s.position_flush_s)
         return min(longest, max(0.0, min(due) - now))  # bounded even if the wall clock jumps back
 
-    def _reading_interval(self, state: ModelState) -> float:
-        settings = self.settings
-        return state.backlog.reading_interval(settings.meter_seconds, settings.journey_check_seconds)
+    def _next_reading(self, model: str, now: float) -> float:
+        """When the group's offsets are read next: as the backlog drains while lines wait to be
+        sent (``meter.Backlog.reading_interval``), else only as often as the journeys are checked
+        (``recovery`` needs the commits)."""
+        state, s = self._model(model), self.settings
+        if self._lines_waiting(model, now):
+            return state.metered_at + state.backlog.reading_interval(s.meter_seconds, s.journey_check_seconds)
+        return state.metered_at + s.journey_check_seconds
 
     def _lines_waiting(self, model: str, now: float) -> bool:
         return any(
@@ -257,13 +260,11 @@ class Dispatcher:
         self._refresh_now = True
 
     async def _meter(self, model: str, now: float) -> None:
-        """Read the group's offsets: while lines wait to be sent, as the backlog drains (``meter``);
-        else only as often as the journeys are checked (``recovery`` needs the commits)."""
+        """Read the group's offsets when due (``_next_reading``)."""
+        if now < self._next_reading(model, now):
+            return
         state = self._model(model)
         waiting = self._lines_waiting(model, now)
-        every = self._reading_interval(state) if waiting else self.settings.journey_check_seconds
-        if now - state.metered_at < every:
-            return
         state.metered_at = now
         await self._ensure_topic(model)
         if not state.partitions:
