@@ -210,6 +210,19 @@ async def test_a_small_batch_created_behind_a_big_one_completes_first(client: As
     assert every_line_once(await output_ids(client, big_done), 15_000, prefix="big")
 
 
+async def test_an_idle_dispatcher_rests_between_rounds(client: AsyncOpenAI) -> None:
+    """Once its batches have ended, the dispatcher wakes about once per refresh (0.25 s here),
+    not in a loop that never rests (an api burning a core while nothing is queued)."""
+    done = await wait_terminal(client, (await create_batch(client, FAKE_MODEL, 10, prefix="idle")).id, 60)
+    assert done.status == "completed"
+    await asyncio.sleep(1.0)  # the refresh that forgets the ended batch, and a reading after it
+    before = _metric(await _metrics(client), "batchstream_dispatch_rounds_total")
+    window_s = 2.0
+    await asyncio.sleep(window_s)  # a rate is counted over a window: nothing to wait on
+    rounds = _metric(await _metrics(client), "batchstream_dispatch_rounds_total") - before
+    assert 0 < rounds <= 15 * window_s, f"{rounds:.0f} rounds in {window_s} s"
+
+
 async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:

@@ -117,7 +117,11 @@ class Dispatcher:
             return 0.0
         s = self.settings
         due = [self._refreshed_at + s.refresh_seconds]
-        due += [self._next_reading(model, now) for model, st in self.models.items() if st.held_at is not None]
+        for model, state in self.models.items():
+            # Only where lines wait: ``_meter`` runs only for a model with batches, so an idle
+            # model's reading would stay due and the loop would never rest.
+            if state.held_at is not None and self._lines_waiting(model, now):
+                due.append(self._next_reading(model, now))
         longest = min(s.refresh_seconds, s.lease_renew_s, s.journey_check_seconds, s.position_flush_s)
         return min(longest, max(0.0, min(due) - now))  # bounded even if the wall clock jumps back
 
@@ -166,6 +170,7 @@ class Dispatcher:
                     await self.recovery.check(model, state, self.batches, now)
         await self._save_positions(now)
         self._publish_metrics()
+        metrics.ROUNDS.inc()
         return sent
 
     async def _refresh(self, now: float) -> None:

@@ -22,6 +22,10 @@ LOST = Counter(
     "Lines given up after the last attempt (a line_lost error line)",
     ["model"],
 )
+ROUNDS = Counter(
+    "batchstream_dispatch_rounds_total",
+    "Dispatch rounds run (an idle replica runs about one per refresh_seconds)",
+)
 TOPIC_BACKLOG = Gauge(
     "batchstream_dispatch_topic_backlog", "Lines in the requests topic not committed by the group", ["model"]
 )
