@@ -196,12 +196,14 @@ class InferenceSettings(BaseSettings):
     """vLLM's queue order for the lines waiting inside it (a young batch's lines let in over
     its places, and ``engine_queue_lines``). ``priority``: the worker's order (a line of the batch
     with the fewest lines in the worker first); ``fcfs``: arrival order."""
-    engine_queue_lines: int = Field(default=0, ge=0)
-    """Lines let onto the engine beyond the ``max_num_seqs`` it runs (they wait inside vLLM,
-    ready to start the moment a sequence ends). 0: every waiting line waits in the worker, so
-    a place freed for a young batch's line (``young_batch_lines``) is that line's; more keeps the
-    engine fuller when many sequences end at once, but a line waiting inside it may take that
-    place first."""
+    engine_queue_lines: int = Field(default=-1, ge=-1)
+    """Lines let onto the engine beyond the ``max_num_seqs`` it runs: they wait inside vLLM,
+    tokenized, and start the moment a sequence ends. -1: as many as ``max_num_seqs``, so when a
+    whole wave of sequences ends at once (lines of equal length) the next wave starts at the next
+    engine step, not one line at a time as the worker hands each to vLLM (docs/benchmarks.md,
+    session 12). 0: every waiting line waits in the worker. A young
+    batch's line is not kept waiting behind them: the lines that make way for it are the newest
+    on the engine, so the waiting ones go first (``young_batch_others_share``)."""
     young_batch_lines: int = Field(default=16, ge=0)
     """A batch's first lines in the worker, while it has fewer than this there, are young: each
     goes onto the engine at once, and the newest running lines of the batch with the most lines on
@@ -282,6 +284,11 @@ class InferenceSettings(BaseSettings):
     @property
     def in_flight_limit(self) -> int:
         return self.max_in_flight or IN_FLIGHT_PER_PLACE * self.max_num_seqs
+
+    @property
+    def engine_queue_size(self) -> int:
+        """``engine_queue_lines`` resolved: lines waiting inside vLLM beyond its running ones."""
+        return self.max_num_seqs if self.engine_queue_lines < 0 else self.engine_queue_lines
 
 
 class AggregatorSettings(BaseSettings):

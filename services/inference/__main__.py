@@ -88,7 +88,7 @@ class Worker:
             control=control,
             retry=EngineRetry.from_settings(self.inference),
             young_batch_lines=self.inference.young_batch_lines,
-            engine_queue_lines=self.inference.engine_queue_lines,
+            engine_queue_lines=self.inference.engine_queue_size,
             young_batch_others_share=self.inference.young_batch_others_share,
         )
         follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)

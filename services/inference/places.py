@@ -15,11 +15,14 @@ group runs, the others keep at most ``beside_young`` lines on the engine: on a C
 step costs about in proportion to the lines in it, so a new batch's lines beside 54 others take
 2.5 times as long as alone.
 
-Why the worker holds the waiting lines rather than vLLM's own queue: a line waiting inside the
-engine takes the first place that frees, whatever arrives after it. A place freed for a young
-line would often go to a line that was already waiting (the abort reaches the engine before the
-young line is tokenized and added). Waiting here, the only lines inside the engine are the
-running ones and the young lines, so a freed place is the young line's.
+The places are the engine's running sequences plus the lines let wait inside it
+(``engine_queue_lines``): those start the moment a sequence ends, where a line handed over by the
+worker only starts once tokenized and added. A line waiting inside the engine would take the
+first place that frees, whatever arrives after it: a place freed for a young line would often go
+to a line that was already waiting (the abort reaches the engine before the young line is
+tokenized and added). So the lines that make way are the newest on the engine, which are the
+ones waiting inside it: beside a young line the others keep ``beside_young`` lines, their
+oldest, which are running, and nothing of theirs waits inside the engine ahead of the young line.
 """
 
 from __future__ import annotations
