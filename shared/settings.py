@@ -201,13 +201,15 @@ class InferenceSettings(BaseSettings):
     tokenized, and start the moment a sequence ends. -1: as many as ``max_num_seqs``, so when a
     whole wave of sequences ends at once (lines of equal length) the next wave starts at the next
     engine step, not one line at a time as the worker hands each to vLLM (docs/benchmarks.md,
-    session 12). 0: every waiting line waits in the worker. A young
-    batch's line is not kept waiting behind them: the lines that make way for it are the newest
-    on the engine, so the waiting ones go first (``young_batch_others_share``)."""
+    session 12). 0: every waiting line waits in the worker. The lines that make way for a young
+    batch's line are the newest on the engine, mostly these (``young_batch_lines``); with a share
+    of 1 and ``fcfs`` a young line waits behind them. On a shutdown they are drained with the
+    running ones (``drain_timeout_s``): up to one more wave."""
     young_batch_lines: int = Field(default=16, ge=0)
     """A batch's first lines in the worker, while it has fewer than this there, are young: each
-    goes onto the engine at once, and the newest running lines of the batch with the most lines on
-    the engine are aborted to make room (they wait for a place again; their work so far is lost).
+    goes onto the engine at once, and the newest lines on the engine of the batch with the most
+    there are aborted to make room, those waiting inside it first (they wait for a place again; a
+    running line's work so far is lost).
     So a new batch starts at once rather than after running sequences end. 0: no line is young.
     Direct requests are never young."""
     young_batch_others_share: float = Field(default=0.25, ge=0, le=1)

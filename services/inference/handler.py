@@ -131,14 +131,15 @@ class RequestHandler:
     ``batch_cancelled`` without running, and ``cancel_batch`` aborts the ones running (the
     engine's ``run`` then raises ``RequestAborted``, see the cancellation rule in ``engine.py``).
 
-    It also decides which line runs next. At most the engine's ``max_running`` lines are on it;
-    the others wait for a place (``places.py``): a freed place goes to the batch with the fewest
-    lines on the engine (direct requests count as one batch). A young batch's line (one of its
-    first ``young_batch_lines`` in the worker) goes on at once: the newest running lines of the
-    batch with the most lines on the engine are aborted to make room, and while young lines run
-    the batches without one keep at most ``young_batch_others_share`` of the places, so a new
-    batch starts at once and runs nearly as fast as alone. An aborted line waits for a place
-    again; its work so far is lost. Direct requests are never young (they may be aborted).
+    It also decides which line runs next. At most the engine's ``max_running`` lines run on it and
+    ``engine_queue_lines`` more wait inside it; the others wait here for a place (``places.py``): a
+    freed place goes to the batch with the fewest lines on the engine (direct requests count as one
+    batch). A young batch's line (one of its first ``young_batch_lines`` in the worker) goes on at
+    once: the newest lines on the engine of the batch with the most there are aborted to make room
+    (those waiting inside it first), and while young lines run the batches without one keep at most
+    ``young_batch_others_share`` of the places, so a new batch starts at once and runs nearly as
+    fast as alone. An aborted line waits for a place again; a running line's work so far is lost.
+    Direct requests are never young (they may be aborted).
     """
 
     def __init__(
@@ -245,7 +246,7 @@ class RequestHandler:
                 self.places.give_back(group, run_id)
 
     async def _make_room(self) -> None:
-        """Abort the running lines that must make way for the young ones (each runs again)."""
+        """Abort the lines on the engine that must make way for the young ones (each runs again)."""
         victims = self.places.victims()
         for done, victim in enumerate(victims):
             try:

@@ -1,16 +1,16 @@
 """The engine's places: which lines run on the engine, which wait here, and which make way.
 
-At most ``places`` lines run on the engine at once; the rest wait here, in one first-in-first-out
-queue per group (a batch; direct requests are one group). A freed place goes to the group with
-the fewest lines on the engine at that moment (ties: the group whose first waiter came first), so
-no waiting group starves behind later arrivals: its count only falls while it waits (beside young
-lines, below, the other groups keep only their share).
+At most ``places`` lines are on the engine at once (running, or waiting inside it); the rest wait
+here, in one first-in-first-out queue per group (a batch; direct requests are one group). A freed
+place goes to the group with the fewest lines on the engine at that moment (ties: the group whose
+first waiter came first), so no waiting group starves behind later arrivals: its count only falls
+while it waits (beside young lines, below, the other groups keep only their share).
 
 A young line is one of a batch's first ``young_lines`` lines here, taken while the batch holds
 fewer than that; a young group has a young line on the engine and has not grown (taken a line
 that was not young) since. A young line does not wait (unless every line on the engine is a young
-group's): it goes on at once, beyond the limit if need be, and ``victims`` names the running lines
-of the other groups that must make way. While a young
+group's): it goes on at once, beyond the limit if need be, and ``victims`` names the lines on the
+engine of the other groups that must make way. While a young
 group runs, the others keep at most ``beside_young`` lines on the engine: on a CPU each engine
 step costs about in proportion to the lines in it, so a new batch's lines beside 54 others take
 2.5 times as long as alone.
@@ -20,9 +20,12 @@ The places are the engine's running sequences plus the lines let wait inside it
 worker only starts once tokenized and added. A line waiting inside the engine would take the
 first place that frees, whatever arrives after it: a place freed for a young line would often go
 to a line that was already waiting (the abort reaches the engine before the young line is
-tokenized and added). So the lines that make way are the newest on the engine, which are the
-ones waiting inside it: beside a young line the others keep ``beside_young`` lines, their
-oldest, which are running, and nothing of theirs waits inside the engine ahead of the young line.
+tokenized and added). So the lines that make way are the newest on the engine, which are mostly the
+ones waiting inside it (vLLM runs a batch's lines about in the order they came: a line's
+priority is the batch's lines on the engine when it went on): beside a young line the others
+keep only ``beside_young`` lines, their oldest, so nothing of theirs waits inside the engine
+ahead of the young line as long as ``beside_young`` plus the young lines fit in the running
+sequences (the defaults: 16 + 16 of 64).
 """
 
 from __future__ import annotations
@@ -134,8 +137,9 @@ class EnginePlaces:
         self._admit()
 
     def victims(self) -> list[str]:
-        """The running lines that must make way now: one at a time the newest (the least work
-        lost) of the group with the most lines on the engine not named yet; they count as
+        """The lines on the engine that must make way now: one at a time the newest (the least
+        work lost; waiting inside the engine rather than running, if any do) of the group with
+        the most lines on the engine not named yet; they count as
         ``preempted`` until given back.
 
         Groups with a young line on the engine give up none. The others together keep at most

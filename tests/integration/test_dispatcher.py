@@ -211,10 +211,13 @@ async def test_a_small_batch_created_behind_a_big_one_completes_first(client: As
 
 
 async def test_an_idle_dispatcher_rests_between_rounds(client: AsyncOpenAI) -> None:
-    """Once its batches have ended, the dispatcher wakes about once per refresh (0.25 s here),
-    not in a loop that never rests (an api burning a core while nothing is queued)."""
+    """Once its batches have ended, the dispatcher wakes a few times a second (each refresh, and
+    this stack's position and lease timers: 0.2-0.5 s), not in a loop that never rests (an api
+    burning a core while nothing is queued)."""
     done = await wait_terminal(client, (await create_batch(client, FAKE_MODEL, 10, prefix="idle")).id, 60)
     assert done.status == "completed"
+    queued = [m for m in await _metrics(client) if m.startswith("batchstream_dispatch_queued_lines{")]
+    assert all(float(m.split()[-1]) == 0 for m in queued), f"an earlier test left lines queued: {queued}"
     await asyncio.sleep(1.0)  # the refresh that forgets the ended batch, and a reading after it
     before = _metric(await _metrics(client), "batchstream_dispatch_rounds_total")
     window_s = 2.0

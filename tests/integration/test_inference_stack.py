@@ -291,14 +291,14 @@ def test_a_new_batch_on_a_full_engine_takes_places_at_once(
     started = engine_started(stack)
     preempted = metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total")
     big = run_batch(client, CHAT, [request_line(i, CHAT, body) for i in big_ids])
-    wait_until(lambda: engine_started(stack) - started >= 64, 120, "the big batch on every place")
+    on_engine = len(big_ids)  # 64 running, 16 waiting inside vLLM (engine_queue_lines: as many again)
+    wait_until(lambda: engine_started(stack) - started >= on_engine, 120, "the big batch on the engine")
     small_lines = [request_line(f"small{i}", CHAT, chat_body(model_id, "hi", max_tokens=8)) for i in range(2)]
     small = wait_terminal(client, run_batch(client, CHAT, small_lines).id)
     assert small.status == "completed"
     assert client.batches.retrieve(big.id).status == "in_progress"
     share = InferenceSettings.model_fields["young_batch_others_share"].default
     made_way = metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total") - preempted
-    on_engine = len(big_ids)  # 64 running, 16 waiting inside vLLM (engine_queue_lines: as many again)
     assert made_way == on_engine - int(64 * share)  # the waiting ones and all but the share running
     assert_each_line_once(client, wait_terminal(client, big.id), big_ids)
 
@@ -403,10 +403,10 @@ def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Bat
     return run_batch(client, CHAT, [request_line(i, CHAT, body) for i in ids]), ids
 
 
-# The engine runs at most max_num_seqs = 64 lines at once; the rest wait in the worker, or on the
-# topic. The signal goes out as soon as the worker's own /metrics shows work (not the batch's
-# counts, which trail by a second: the tiny model can finish hundreds of lines in that time), so
-# most of a 400-line batch has no result yet.
+# The engine runs at most max_num_seqs = 64 lines at once and as many wait inside it; the rest
+# wait in the worker, or on the topic. The signal goes out as soon as the worker's own /metrics
+# shows work (not the batch's counts, which trail by a second: the tiny model can finish hundreds
+# of lines in that time), so most of a 400-line batch has no result yet.
 SIZE = 400
 
 

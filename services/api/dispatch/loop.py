@@ -121,16 +121,16 @@ class Dispatcher:
             # Only where lines wait: ``_meter`` runs only for a model with batches, so an idle
             # model's reading would stay due and the loop would never rest.
             if state.held_at is not None and self._lines_waiting(model, now):
-                due.append(self._next_reading(model, now))
+                due.append(self._next_reading(model, waiting=True))
         longest = min(s.refresh_seconds, s.lease_renew_s, s.journey_check_seconds, s.position_flush_s)
         return min(longest, max(0.0, min(due) - now))  # bounded even if the wall clock jumps back
 
-    def _next_reading(self, model: str, now: float) -> float:
+    def _next_reading(self, model: str, waiting: bool) -> float:
         """When the group's offsets are read next: as the backlog drains while lines wait to be
         sent (``meter.Backlog.reading_interval``), else only as often as the journeys are checked
         (``recovery`` needs the commits)."""
         state, s = self._model(model), self.settings
-        if self._lines_waiting(model, now):
+        if waiting:
             return state.metered_at + state.backlog.reading_interval(s.meter_seconds, s.journey_check_seconds)
         return state.metered_at + s.journey_check_seconds
 
@@ -266,10 +266,10 @@ class Dispatcher:
 
     async def _meter(self, model: str, now: float) -> None:
         """Read the group's offsets when due (``_next_reading``)."""
-        if now < self._next_reading(model, now):
+        waiting = self._lines_waiting(model, now)
+        if now < self._next_reading(model, waiting):
             return
         state = self._model(model)
-        waiting = self._lines_waiting(model, now)
         state.metered_at = now
         await self._ensure_topic(model)
         if not state.partitions:
