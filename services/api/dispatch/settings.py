@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The loop's pause is the shortest of its timers (refresh, meter, lease, positions, journeys): each
+# is at least this, so the loop always rests.
+SHORTEST_TIMER_S = 0.01
 
 
 class DispatchSettings(BaseSettings):
@@ -15,7 +19,7 @@ class DispatchSettings(BaseSettings):
 
     round_lines: int = 512
     """Most lines one dispatch round sends per model."""
-    refresh_seconds: float = 0.25
+    refresh_seconds: float = Field(default=0.25, ge=SHORTEST_TIMER_S)
     """How often the queued batches are read from MongoDB (status, cancellation, new batches); the
     pause between rounds when no lines wait (a batch made dispatchable here wakes the loop at once)."""
     start_lines: int = 32
@@ -46,7 +50,7 @@ class DispatchSettings(BaseSettings):
     (``meter_seconds``; a slow engine's is read less often, but its lines take far longer)."""
     group_prefix: str = "batchstream-inference-"
     """The inference consumer group of a model: this prefix plus the model's topic slug."""
-    meter_seconds: float = 0.1
+    meter_seconds: float = Field(default=0.1, ge=SHORTEST_TIMER_S)
     """Shortest pause between readings of the consumer group's committed offsets. While lines wait
     to be sent, they are read once about an eighth of the topic's backlog has drained at the
     measured rate (at most ``journey_check_seconds`` apart; a round follows each reading); with
@@ -54,9 +58,9 @@ class DispatchSettings(BaseSettings):
     lease_ttl_s: float = 5.0
     """One active dispatcher per model: a lease in MongoDB that lapses this long after its last
     renewal (the takeover time after a crash)."""
-    lease_renew_s: float = 1.0
+    lease_renew_s: float = Field(default=1.0, ge=SHORTEST_TIMER_S)
     """How often the lease holder renews it."""
-    position_flush_s: float = 1.0
+    position_flush_s: float = Field(default=1.0, ge=SHORTEST_TIMER_S)
     """A batch's read position reaches MongoDB at most this often (and when it is done)."""
     grace_s: float = 15.0
     """A line consumed and committed past with no result this long (and its batch's count standing
@@ -66,7 +70,7 @@ class DispatchSettings(BaseSettings):
     takeover_grace_s: float = 30.0
     """After a takeover, lines an earlier dispatcher sent that still lack a result after this are
     sent again (their offsets died with it)."""
-    journey_check_seconds: float = 1.0
+    journey_check_seconds: float = Field(default=1.0, ge=SHORTEST_TIMER_S)
     """How often sent lines are checked for results; also the longest pause between readings of
     the group's offsets (the only readings while a model has nothing to send)."""
 

@@ -1,0 +1,21 @@
+"""DispatchSettings: timers that would keep the dispatcher's loop from resting are refused."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.api.dispatch.settings import DispatchSettings
+
+TIMERS = ("refresh_seconds", "meter_seconds", "lease_renew_s", "position_flush_s", "journey_check_seconds")
+
+
+@pytest.mark.parametrize("timer", TIMERS)
+def test_a_zero_timer_is_refused_with_its_name(timer: str) -> None:
+    with pytest.raises(ValidationError, match=timer):
+        DispatchSettings(**{timer: 0})
+
+
+def test_the_defaults_and_a_short_timer_are_accepted() -> None:
+    assert DispatchSettings().refresh_seconds == 0.25
+    assert DispatchSettings(meter_seconds=0.01).meter_seconds == 0.01
