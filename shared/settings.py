@@ -208,7 +208,7 @@ class InferenceSettings(BaseSettings):
     young_batch_lines: int = Field(default=16, ge=0)
     """A batch's first lines in the worker, while it has fewer than this there, are young: each
     goes onto the engine at once, and the newest lines on the engine of the batch with the most
-    there are aborted to make room, those waiting inside it first (they wait for a place again; a
+    there are aborted to make room, mostly those waiting inside it (they wait for a place again; a
     running line's work so far is lost).
     So a new batch starts at once rather than after running sequences end. 0: no line is young.
     Direct requests are never young."""

@@ -136,7 +136,7 @@ class RequestHandler:
     freed place goes to the batch with the fewest lines on the engine (direct requests count as one
     batch). A young batch's line (one of its first ``young_batch_lines`` in the worker) goes on at
     once: the newest lines on the engine of the batch with the most there are aborted to make room
-    (those waiting inside it first), and while young lines run the batches without one keep at most
+    (mostly those waiting inside it), and while young lines run the batches without one keep at most
     ``young_batch_others_share`` of the places, so a new batch starts at once and runs nearly as
     fast as alone. An aborted line waits for a place again; a running line's work so far is lost.
     Direct requests are never young (they may be aborted).

@@ -138,7 +138,7 @@ class EnginePlaces:
 
     def victims(self) -> list[str]:
         """The lines on the engine that must make way now: one at a time the newest (the least
-        work lost; waiting inside the engine rather than running, if any do) of the group with
+        work lost; mostly those waiting inside the engine rather than running) of the group with
         the most lines on the engine not named yet; they count as
         ``preempted`` until given back.
 
