@@ -1,8 +1,8 @@
 """Process control through psutil: start a command detached, tell if it still runs, stop its tree.
 
 Every component runs in its own session and process group (``start_new_session``), with its output
-appended to a log file. A process is named by a ``ProcessRef``: its PID and its creation time, so a
-PID the kernel gave to another process since is never taken for ours.
+appended to a log file. A process is named by a ``ProcessRef``: its PID and when it started (seconds
+after boot), so a PID the kernel gave to another process since is never taken for ours.
 """
 
 from __future__ import annotations
@@ -24,24 +24,43 @@ from deploy.local.probes import poll_until
 _spawned: dict[int, subprocess.Popen[bytes]] = {}
 
 
+# A PID file's start time: seconds after boot, marked so a file of an older stack (its wall-clock
+# creation time, which moves when the clock is set) is read as "not known".
+_SINCE_BOOT = "boot+"
+
+
 @dataclass(frozen=True)
 class ProcessRef:
-    """A process we started: its PID and psutil's creation time (None: not known, not checked)."""
+    """A process we started: its PID and its start in seconds after boot (None: not known, not
+    checked)."""
 
     pid: int
-    created: float | None = None
+    started: float | None = None
 
     def dumps(self) -> str:
-        return f"{self.pid}\n{self.created if self.created is not None else ''}\n"
+        return f"{self.pid}\n" + (f"{_SINCE_BOOT}{self.started}\n" if self.started is not None else "")
 
     @classmethod
     def loads(cls, text: str) -> ProcessRef | None:
-        """A PID file's content; a start time without a '.' (an older stack's) is not checked."""
+        """A PID file's content; an older stack's start time (without ``boot+``) is not checked."""
         words = text.split()
         if not words or not words[0].isdigit():
             return None
-        created = float(words[1]) if len(words) > 1 and "." in words[1] else None
-        return cls(int(words[0]), created)
+        stamp = words[1] if len(words) > 1 else ""
+        started = float(stamp.removeprefix(_SINCE_BOOT)) if stamp.startswith(_SINCE_BOOT) else None
+        return cls(int(words[0]), started)
+
+
+def started_after_boot(proc: psutil.Process) -> float:
+    """Seconds from boot to ``proc``'s start.
+
+    Not psutil's ``create_time()`` alone: that is the boot time plus this, with the boot time read
+    from the wall clock at each call, so it moves by however much the system clock is set (NTP, a
+    resumed VM or sandbox). A stack that compared it to the value of its start took every one of its
+    processes for a stranger after such a step, reported a healthy worker as exited, and left them
+    all running.
+    """
+    return proc.create_time() - psutil.boot_time()
 
 
 def spawn_detached(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessRef:
@@ -61,17 +80,17 @@ def spawn_detached(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_p
         )
     _spawned[proc.pid] = proc
     try:
-        created: float | None = psutil.Process(proc.pid).create_time()
+        started: float | None = started_after_boot(psutil.Process(proc.pid))
     except psutil.Error:
-        created = None  # already gone: is_running will say so
-    return ProcessRef(proc.pid, created)
+        started = None  # already gone: is_running will say so
+    return ProcessRef(proc.pid, started)
 
 
 def _process(ref: ProcessRef) -> psutil.Process | None:
     """The running (not zombie) process ``ref`` names, or None."""
     try:
         proc = psutil.Process(ref.pid)
-        if ref.created is not None and abs(proc.create_time() - ref.created) > 0.01:
+        if ref.started is not None and abs(started_after_boot(proc) - ref.started) > 0.01:
             return None  # the PID now belongs to another process
         if proc.status() != psutil.STATUS_ZOMBIE:
             return proc

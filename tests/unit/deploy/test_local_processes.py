@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from deploy.local.catalogue import ModelSpec
-from deploy.local.processes import ProcessRef, group_members, is_running, spawn_detached, stop_tree, wait_exit
+from deploy.local.processes import (
+    ProcessRef,
+    group_members,
+    is_running,
+    spawn_detached,
+    started_after_boot,
+    stop_tree,
+    wait_exit,
+)
 from tests.support.waiting import wait_until
 
 
@@ -48,16 +59,38 @@ def test_the_exit_status_of_a_process_we_started_is_known(tmp_path: Path) -> Non
 
 def test_a_pid_now_held_by_another_process_is_not_ours() -> None:
     me = psutil.Process()
-    assert is_running(ProcessRef(me.pid, me.create_time()))
-    assert not is_running(ProcessRef(me.pid, me.create_time() - 100))
-    stop_tree(ProcessRef(me.pid, me.create_time() - 100), timeout_s=1)  # leaves this process alone
+    assert is_running(ProcessRef(me.pid, started_after_boot(me)))
+    assert not is_running(ProcessRef(me.pid, started_after_boot(me) - 100))
+    stop_tree(ProcessRef(me.pid, started_after_boot(me) - 100), timeout_s=1)  # leaves this process alone
     assert me.is_running()
 
 
+def test_our_processes_stay_ours_and_stoppable_when_the_wall_clock_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fake clock step: psutil reads the boot time from the wall clock at each call, so setting the
+    # clock (NTP, a resumed VM) moves it, and every creation time with it, while the processes run on.
+    ref = spawn_detached(["sleep", "300"], os.environ, tmp_path, tmp_path / "sleep.log")
+    boot = psutil.boot_time()
+    monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: boot + 3600)
+    try:
+        assert psutil.Process(ref.pid).create_time() > time.time() + 3000  # the step is seen
+        assert is_running(ref)
+        stop_tree(ref, timeout_s=10)
+        assert not is_running(ref)
+        assert group_members(ref.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ref.pid, signal.SIGKILL)  # whatever the outcome, nothing is left running
+
+
 def test_pid_files_round_trip_and_older_ones_are_read() -> None:
-    ref = ProcessRef(1234, 1764580000.25)
+    ref = ProcessRef(1234, 52001.25)
     assert ProcessRef.loads(ref.dumps()) == ref
-    assert ProcessRef.loads("1234\n98765\n") == ProcessRef(1234, None)  # an older stack's start time
+    assert ProcessRef.loads(ProcessRef(1234).dumps()) == ProcessRef(1234, None)
+    # Older stacks' start times (wall-clock, or whole seconds) are not checked.
+    assert ProcessRef.loads("1234\n1764580000.25\n") == ProcessRef(1234, None)
+    assert ProcessRef.loads("1234\n98765\n") == ProcessRef(1234, None)
     assert ProcessRef.loads("") is None
 
 
