@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     versus_group = parser.add_argument_group("versus (the parity batch, this tree against a commit)")
     versus_group.add_argument("--against", default="", help="the commit (any git revision) to compare")
     versus_group.add_argument("--pairs", type=int, default=10, help="rounds of one batch on each side")
+    versus_group.add_argument(
+        "--idle-side",
+        choices=["frozen", "running"],
+        default="frozen",
+        help="the other side's stack during a batch: frozen (SIGSTOP; each batch runs alone) or running idle",
+    )
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
     pipe.add_argument("--lines", type=int, default=50_000)
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")

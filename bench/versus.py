@@ -3,8 +3,13 @@
 Answers "did this change cost throughput?", which the parity ratio cannot settle on a shared
 machine: there, ``vllm run-batch`` itself varies by 10-25% from one round to the next, more than
 the 3% to be shown. Here both stacks (each with its own vLLM worker, started before the rounds)
-run at once, so each round's batch has the other stack idle beside it (that idle stack's CPU is
-measured and printed, since an idle stack is not free); the rounds go ABBA (this, that, that,
+are up at once, and while one side runs its batch the other side's stack is frozen (SIGSTOP to
+each of its process groups, SIGCONT after), so each batch runs alone, as the issue's "the big batch
+alone" asks. Left running, an idle stack is not free, and the two trees' idle stacks differ (in
+session 13, 2026-11-30's idle stack used 1.85 CPU s beside each of this tree's batches, this
+tree's 1.41 beside its batches), which tilted the ratio; ``--idle-side running`` measures it so.
+A thawed side first runs a small untimed warm-up batch (its broker saw its consumers' sessions
+lapse while frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that, that,
 this, ...), and the figure is the geometric mean of the per-round ratios (this tree's tokens/s
 over the other's, the two batches of one round back to back) with its 95% interval (Student's t
 on the log ratios); the median and range are printed beside it. No run-batch and no engine
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import signal
 import statistics
@@ -64,8 +70,10 @@ SHARED = (".venv", ".venv-inference", ".cache")  # linked into the other tree, n
 
 # One side's driver, run with ``python -c`` in its tree (its cwd first on sys.path): it starts
 # that tree's stack, then runs the parity batch once per "run" line on stdin and answers one JSON
-# line per batch on its own stdout channel (everything else the tree prints goes to stderr).
+# line per batch on its own stdout channel (everything else the tree prints goes to stderr); a "warm"
+# line runs a small batch, untimed.
 _SIDE = r"""
+WARM_LINES = 8
 import hashlib, json, os, shutil, signal, sys, tempfile
 from pathlib import Path
 answer = os.fdopen(os.dup(1), "w", buffering=1)
@@ -79,6 +87,8 @@ from bench.parity import SERVED_NAME, ModelSpec, batchstream_once, build_input  
 work = Path(tempfile.mkdtemp(prefix="batchstream-versus-"))
 path = work / "in.jsonl"
 build_input(path, cfg["requests"], cfg["max_tokens"])
+warm = work / "warm.jsonl"
+build_input(warm, WARM_LINES, 16)
 stack = new_stack([ModelSpec(cfg["model_dir"], SERVED_NAME)], inference_python=cfg["inference_python"],
                   **cfg["env"])
 try:
@@ -88,6 +98,10 @@ try:
     try:
         answer.write(json.dumps({"ready": True, "pids": stack.pids()}) + "\n")
         for command in sys.stdin:
+            if command.strip() == "warm":  # untimed: the whole pipeline works again
+                batchstream_once(client, poller, tap, warm, stack.pids())
+                answer.write(json.dumps({"warm": True}) + "\n")
+                continue
             if command.strip() != "run":
                 break
             result = batchstream_once(client, poller, tap, path, stack.pids())
@@ -110,6 +124,7 @@ class Side:
         self.name = name
         self.log = log
         self.pids: dict[str, int] = {}
+        self.frozen = False
         self._stderr = log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _SIDE, json.dumps(config)],
@@ -129,13 +144,35 @@ class Side:
         return sum(stack_cpu(self.pids).values())
 
     def run(self) -> dict[str, Any]:
+        return self._ask("run")
+
+    def warm_up(self) -> None:
+        self._ask("warm")
+
+    def freeze(self) -> None:
+        """SIGSTOP every process group of its stack (a vLLM worker's engine processes too)."""
+        self._signal_groups(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self._signal_groups(signal.SIGCONT)
+        self.frozen = False
+
+    def _signal_groups(self, sig: signal.Signals) -> None:
+        for pid in self.pids.values():  # each component leads its own process group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+
+    def _ask(self, command: str) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write("run\n")
+        self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
         return self._read()
 
     def close(self) -> None:
         """Ends the child, which stops its stack (its ``finally``); never raises."""
+        if self.frozen:
+            self.thaw()  # a frozen stack would never stop
         with contextlib.suppress(OSError):  # a child already gone: a broken pipe
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -222,9 +259,13 @@ def run(args: Any) -> dict[str, Any]:
             print(f"versus: starting {name} side's stack ({root}) ...", flush=True)
             sides.append(Side(name, root, config, work / f"{name}.log"))
             sides[-1].wait_ready()
+        if args.idle_side == "frozen":
+            for side in sides:  # each side's first batch, too, follows a thaw and a warm-up
+                side.freeze()
         for r in range(args.pairs):
             for side in sides if r % 2 == 0 else sides[::-1]:
-                rounds.append(run_round(side, next(s for s in sides if s is not side), r + 1))
+                other = next(s for s in sides if s is not side)
+                rounds.append(run_round(side, other, r + 1, args.idle_side == "frozen"))
                 speed = rounds[-1]["tokens_per_s"]
                 print(f"versus: round {r + 1}/{args.pairs}: {side.name} {speed:,.0f} tok/s", flush=True)
         finished = True
@@ -237,12 +278,22 @@ def run(args: Any) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"versus: the sides' logs are kept in {work}", flush=True)
-    settings = {k: v for k, v in config.items() if k != "env"} | {"env": args.env, "pairs": args.pairs}
+    settings = {k: v for k, v in config.items() if k != "env"} | {
+        "env": args.env,
+        "pairs": args.pairs,
+        "idle_side": args.idle_side,
+    }
     return report(rounds, that_name, args) | {"versions": versions, "settings": settings}
 
 
-def run_round(side: Side, idle: Side, number: int) -> dict[str, Any]:
-    """One batch on ``side``, and the CPU the idle side's stack used meanwhile."""
+def run_round(side: Side, idle: Side, number: int, freeze_idle: bool) -> dict[str, Any]:
+    """One batch on ``side`` (the other side frozen, or left idle), and the CPU the other side's
+    stack used meanwhile (0 when frozen)."""
+    if side.frozen:
+        side.thaw()
+        side.warm_up()
+    if freeze_idle and not idle.frozen:
+        idle.freeze()
     idle_before = idle.cpu_s()
     result = side.run()
     return result | {"round": number, "side": side.name, "idle_side_cpu_s": idle.cpu_s() - idle_before}
@@ -277,7 +328,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
     print(
         table(
             f"Versus {that_name}: {args.parity_requests} chat requests x {args.max_tokens} tokens, "
-            f"max_num_seqs={args.max_num_seqs}, both stacks up, rounds ABBA",
+            f"max_num_seqs={args.max_num_seqs}, the other side {args.idle_side}, rounds ABBA",
             [
                 "round",
                 "side",
