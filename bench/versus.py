@@ -4,16 +4,19 @@ Answers "did this change cost throughput?", which the parity ratio cannot settle
 machine: there, ``vllm run-batch`` itself varies by 10-25% from one round to the next, more than
 the 3% to be shown. Here both stacks (each with its own vLLM worker, started before the rounds)
 are up at once, and while one side runs its batch the other side's stack is frozen (SIGSTOP to
-each of its process groups, SIGCONT after), so each batch runs alone, as the issue's "the big batch
-alone" asks. Left running, an idle stack is not free, and the two trees' idle stacks differ (in
-session 13, 2026-11-30's idle stack used 1.85 CPU s beside each of this tree's batches, this
-tree's 1.41 beside its batches), which tilted the ratio; ``--idle-side running`` measures it so.
-A thawed side first runs a small untimed warm-up batch (its broker saw its consumers' sessions
-lapse while frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that, that,
-this, ...), and the figure is the geometric mean of the per-round ratios (this tree's tokens/s
-over the other's, the two batches of one round back to back) with its 95% interval (Student's t
-on the log ratios); the median and range are printed beside it. No run-batch and no engine
-start-up per round, so a round takes ~2 x 25 s and many fit.
+each of its process groups, SIGCONT after; its driver process, which only waits, is not), so no
+other service shares the machine with the batch, as the issue's "the big batch alone" asks. Left
+running, an idle stack is not free, and the two trees' idle stacks differ (session 13, one 4-round
+run: 2026-11-30's idle stack used 1.85 CPU s beside each of this tree's batches, this tree's 1.41
+beside its batches), which tilts the ratio; ``--idle-side running`` measures it so. A thawed side
+first runs a small untimed warm-up batch (its broker saw its consumers' sessions lapse while
+frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that, that, this, ...), so
+the first batch of each round after the first follows that same side's batch of the round before,
+with no freeze and no warm-up; the two sides take that place in turns. The figure is the geometric
+mean of the per-round ratios (this tree's tokens/s over the other's, the two batches of one round
+back to back) with its 95% interval (Student's t on the log ratios); the median and range are
+printed beside it. No run-batch and no engine start-up per round: on 2026-12-02's machine a round
+took ~30-50 s, so many fit.
 
 The other commit is checked out in a temporary git worktree that shares this tree's ``.venv``,
 ``.venv-inference`` and ``.cache``; each side's stack runs from its own tree, driven by a child
@@ -151,8 +154,8 @@ class Side:
 
     def freeze(self) -> None:
         """SIGSTOP every process group of its stack (a vLLM worker's engine processes too)."""
+        self.frozen = True  # first: an interrupt midway still leaves it to be thawed
         self._signal_groups(signal.SIGSTOP)
-        self.frozen = True
 
     def thaw(self) -> None:
         self._signal_groups(signal.SIGCONT)
@@ -160,7 +163,7 @@ class Side:
 
     def _signal_groups(self, sig: signal.Signals) -> None:
         for pid in self.pids.values():  # each component leads its own process group
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(OSError):
                 os.killpg(pid, sig)
 
     def _ask(self, command: str) -> dict[str, Any]:
@@ -172,7 +175,7 @@ class Side:
     def close(self) -> None:
         """Ends the child, which stops its stack (its ``finally``); never raises."""
         if self.frozen:
-            self.thaw()  # a frozen stack would never stop
+            self.thaw()  # frozen, its services would act on the stop only when SIGKILL came
         with contextlib.suppress(OSError):  # a child already gone: a broken pipe
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -270,6 +273,9 @@ def run(args: Any) -> dict[str, Any]:
                 print(f"versus: round {r + 1}/{args.pairs}: {side.name} {speed:,.0f} tok/s", flush=True)
         finished = True
     finally:
+        for side in sides:  # every stack thawed before any is stopped (each stop takes a while)
+            if side.frozen:
+                side.thaw()
         for side in sides:
             side.close()
         if tree is not None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
+import signal
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,8 +26,8 @@ from deploy.local.probes import poll_until
 _spawned: dict[int, subprocess.Popen[bytes]] = {}
 
 
-# A PID file's start time: seconds after boot, marked so a file of an older stack (its wall-clock
-# creation time, which moves when the clock is set) is read as "not known".
+# A PID file's start time: seconds after boot. An older stack wrote psutil's wall-clock creation
+# time without this mark; it is converted as it is read.
 _SINCE_BOOT = "boot+"
 
 
@@ -42,25 +44,42 @@ class ProcessRef:
 
     @classmethod
     def loads(cls, text: str) -> ProcessRef | None:
-        """A PID file's content; an older stack's start time (without ``boot+``) is not checked."""
+        """A PID file's content. An older stack's wall-clock start time (``1764580000.25``) is
+        converted with the boot time as the clock says now, as that stack compared it; one
+        without a fraction, or unreadable, is not checked."""
         words = text.split()
         if not words or not words[0].isdigit():
             return None
         stamp = words[1] if len(words) > 1 else ""
-        started = float(stamp.removeprefix(_SINCE_BOOT)) if stamp.startswith(_SINCE_BOOT) else None
+        try:
+            if stamp.startswith(_SINCE_BOOT):
+                started: float | None = float(stamp.removeprefix(_SINCE_BOOT))
+            elif "." in stamp:
+                started = float(stamp) - psutil.boot_time()
+            else:
+                started = None
+        except ValueError:
+            started = None
+        if started is not None and not math.isfinite(started):
+            started = None
         return cls(int(words[0]), started)
 
 
 def started_after_boot(proc: psutil.Process) -> float:
-    """Seconds from boot to ``proc``'s start.
+    """Seconds from boot to ``proc``'s start: a fixed number of clock ticks, one reading.
 
-    Not psutil's ``create_time()`` alone: that is the boot time plus this, with the boot time read
-    from the wall clock at each call, so it moves by however much the system clock is set (NTP, a
-    resumed VM or sandbox). A stack that compared it to the value of its start took every one of its
-    processes for a stranger after such a step, reported a healthy worker as exited, and left them
-    all running.
+    Not psutil's public ``create_time()``: that adds the boot time, read from the wall clock at each
+    call, so it moves by however much the system clock is set (NTP, a resumed VM or sandbox). A
+    stack that compared it to the value of its start took every one of its processes for a
+    stranger after such a step, reported a healthy worker as exited and left them all running. The
+    monotonic reading is the one psutil itself identifies processes by (``Process._get_ident`` on
+    Linux, macOS and NetBSD, psutil 7.2 as locked); elsewhere the two public readings are
+    subtracted.
     """
-    return proc.create_time() - psutil.boot_time()
+    try:
+        return float(proc._proc.create_time(monotonic=True))
+    except (AttributeError, TypeError):  # a platform without the monotonic reading
+        return float(proc.create_time() - psutil.boot_time())
 
 
 def spawn_detached(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessRef:
@@ -160,6 +179,8 @@ def stop_tree(ref: ProcessRef, timeout_s: float) -> None:
             tree = [leader, *leader.children(recursive=True)]
         with contextlib.suppress(psutil.Error):
             leader.terminate()
+        with contextlib.suppress(OSError):
+            os.killpg(ref.pid, signal.SIGCONT)  # a stopped (SIGSTOP) group acts on its SIGTERM too
         poll_until(lambda: not _left(ref, tree), timeout_s, interval_s=0.1)
     # SIGKILL what is left (if the leader died first, its children may not have), again on each
     # look, so a process forked meanwhile goes too.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +51,29 @@ def test_a_leader_that_exits_on_sigterm_is_stopped_at_once(tmp_path: Path) -> No
     assert not is_running(ref)
 
 
+def test_a_stopped_process_still_gets_to_handle_its_sigterm(tmp_path: Path) -> None:
+    # A frozen stack (SIGSTOP, as the versus bench does to the side at rest) acts on SIGTERM only
+    # once continued: stop_tree continues it, so it shuts down cleanly instead of being killed.
+    done = tmp_path / "clean-exit"
+    program = (
+        "import pathlib, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (pathlib.Path({str(done)!r}).touch(), sys.exit(0)))\n"
+        "print('handler', 'installed', flush=True)\n"  # the log's start line holds the program text
+        "time.sleep(300)\n"
+    )
+    log = tmp_path / "handler.log"
+    ref = spawn_detached([sys.executable, "-c", program], os.environ, tmp_path, log)
+    try:
+        wait_until(lambda: "handler installed" in log.read_text(), 30, "the handler to be installed")
+        os.killpg(ref.pid, signal.SIGSTOP)
+        stop_tree(ref, timeout_s=20)
+        assert done.exists(), "the stopped process was killed rather than left to handle its SIGTERM"
+        assert not is_running(ref)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ref.pid, signal.SIGKILL)
+
+
 def test_the_exit_status_of_a_process_we_started_is_known(tmp_path: Path) -> None:
     ref = spawn_detached(["bash", "-c", "exit 3"], os.environ, tmp_path, tmp_path / "exit.log")
     assert wait_exit(ref, 10) == 3
@@ -88,9 +112,16 @@ def test_pid_files_round_trip_and_older_ones_are_read() -> None:
     ref = ProcessRef(1234, 52001.25)
     assert ProcessRef.loads(ref.dumps()) == ref
     assert ProcessRef.loads(ProcessRef(1234).dumps()) == ProcessRef(1234, None)
-    # Older stacks' start times (wall-clock, or whole seconds) are not checked.
-    assert ProcessRef.loads("1234\n1764580000.25\n") == ProcessRef(1234, None)
-    assert ProcessRef.loads("1234\n98765\n") == ProcessRef(1234, None)
+    # An older stack's wall-clock creation time is still checked: this process's is ours, an
+    # earlier one is not.
+    me = psutil.Process()
+    older = ProcessRef.loads(f"{me.pid}\n{me.create_time()}\n")
+    assert older is not None and is_running(older)
+    earlier = ProcessRef.loads(f"{me.pid}\n{me.create_time() - 100}\n")
+    assert earlier is not None and not is_running(earlier)
+    # Whole seconds (the oldest stacks) and unreadable stamps are not checked.
+    for stamp in ("98765", "boot+", "boot+x", "boot+nan", "1.2.3"):
+        assert ProcessRef.loads(f"1234\n{stamp}\n") == ProcessRef(1234, None), stamp
     assert ProcessRef.loads("") is None
 
 
