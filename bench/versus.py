@@ -8,7 +8,7 @@ each of its process groups, SIGCONT after; its driver process, which only waits,
 other service shares the machine with the batch, as the issue's "the big batch alone" asks. Left
 running, an idle stack is not free, and the two trees' idle stacks differ (session 13, one 4-round
 run: 2026-11-30's idle stack used 1.85 CPU s beside each of this tree's batches, this tree's 1.41
-beside its batches), which tilts the ratio; ``--idle-side running`` measures it so. A thawed side
+beside its batches), which can tilt the ratio; ``--idle-side running`` measures it so. A thawed side
 first runs a small untimed warm-up batch (its broker saw its consumers' sessions lapse while
 frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that, that, this, ...), so
 the first batch of each round after the first follows that same side's batch of the round before,
