@@ -4,11 +4,10 @@ Answers "did this change cost throughput?", which the parity ratio cannot settle
 machine: there, ``vllm run-batch`` itself varies by 10-25% from one round to the next, more than
 the 3% to be shown. Here both stacks (each with its own vLLM worker, started before the rounds)
 are up at once, and while one side runs its batch the other side's stack is frozen (SIGSTOP to
-each of its process groups, SIGCONT after; its driver process, which only waits, is not), so no
-other service shares the machine with the batch, as the issue's "the big batch alone" asks. Left
-running, an idle stack is not free, and the two trees' idle stacks differ (session 13, one 4-round
-run: 2026-11-30's idle stack used 1.85 CPU s beside each of this tree's batches, this tree's 1.41
-beside its batches), which can tilt the ratio; ``--idle-side running`` measures it so. A thawed side
+each of its process groups, SIGCONT after; its driver process is not, and only polls a little),
+so no other service shares the machine with the batch, as the issue's "the big batch alone" asks:
+an idle stack is not free (~1.6 CPU s per batch here, session 13, on the one core vLLM leaves to
+everything else). ``--idle-side running`` keeps it up idle and measures its CPU. A thawed side
 first runs a small untimed warm-up batch (its broker saw its consumers' sessions lapse while
 frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that, that, this, ...), so
 the first batch of each round after the first follows that same side's batch of the round before,
@@ -16,7 +15,7 @@ with no freeze and no warm-up; the two sides take that place in turns. The figur
 mean of the per-round ratios (this tree's tokens/s over the other's, the two batches of one round
 back to back) with its 95% interval (Student's t on the log ratios); the median and range are
 printed beside it. No run-batch and no engine start-up per round: on 2026-12-02's machine a round
-took ~30-50 s, so many fit.
+took ~25 s, so many fit.
 
 The other commit is checked out in a temporary git worktree that shares this tree's ``.venv``,
 ``.venv-inference`` and ``.cache``; each side's stack runs from its own tree, driven by a child
@@ -46,7 +45,7 @@ from deploy.local import REPO_ROOT
 
 CPU_KEYS = ("worker_cpu_s", "rest_cpu_s", "idle_side_cpu_s")
 STOP_WAIT_S = 300  # longer than a stack's own stop timeouts added up
-# Student's t, two-sided 95%, by degrees of freedom (beyond 30: 2.0).
+# Student's t, two-sided 95%, by degrees of freedom (between the rows: the row below, the wider).
 T95 = dict(enumerate([12.71, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228], start=1)) | {
     11: 2.201,
     12: 2.179,
@@ -68,7 +67,21 @@ T95 = dict(enumerate([12.71, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.
     28: 2.048,
     29: 2.045,
     30: 2.042,
+    35: 2.030,
+    40: 2.021,
+    50: 2.009,
+    60: 2.000,
+    80: 1.990,
+    100: 1.984,
+    120: 1.980,
 }
+
+
+def t95(df: int) -> float:
+    """Student's t for a two-sided 95% interval: the table's row at or below ``df``."""
+    return T95[max(k for k in T95 if k <= max(df, 1))]
+
+
 SHARED = (".venv", ".venv-inference", ".cache")  # linked into the other tree, not rebuilt
 
 # One side's driver, run with ``python -c`` in its tree (its cwd first on sys.path): it starts
@@ -317,7 +330,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
     pairs = [t / o for t, o in zip(of("this", "tokens_per_s"), of("that", "tokens_per_s"), strict=True)]
     logs = [math.log(p) for p in pairs]
     mean = math.exp(statistics.fmean(logs))
-    half = T95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     low, high = mean * math.exp(-half), mean * math.exp(half)
     summary = {
         "against": that_name,

@@ -66,20 +66,28 @@ class ProcessRef:
 
 
 def started_after_boot(proc: psutil.Process) -> float:
-    """Seconds from boot to ``proc``'s start: a fixed number of clock ticks, one reading.
+    """Seconds from boot to ``proc``'s start.
 
-    Not psutil's public ``create_time()``: that adds the boot time, read from the wall clock at each
-    call, so it moves by however much the system clock is set (NTP, a resumed VM or sandbox). A
-    stack that compared it to the value of its start took every one of its processes for a
-    stranger after such a step, reported a healthy worker as exited and left them all running. The
-    monotonic reading is the one psutil itself identifies processes by (``Process._get_ident`` on
-    Linux, macOS and NetBSD, psutil 7.2 as locked); elsewhere the two public readings are
-    subtracted.
+    Not psutil's public ``create_time()`` alone: that adds the boot time, read from the wall clock
+    at each call, so it moves by however much the system clock is set (NTP, a resumed VM or
+    sandbox). A stack that compared it to the value of its start took every one of its processes
+    for a stranger after such a step, reported a healthy worker as exited and left them all
+    running. On Linux the start is read once, in clock ticks since boot: psutil's monotonic
+    reading, the one it identifies processes by (``Process._get_ident``; psutil 7.2 as locked).
+    Elsewhere (where psutil's "monotonic" reading is an epoch time too) the two public readings are
+    subtracted, which a clock step between them would still upset.
     """
-    try:
+    if psutil.LINUX:
         return float(proc._proc.create_time(monotonic=True))
-    except (AttributeError, TypeError):  # a platform without the monotonic reading
-        return float(proc.create_time() - psutil.boot_time())
+    return float(proc.create_time() - psutil.boot_time())
+
+
+def resume(ref: ProcessRef) -> None:
+    """SIGCONT to the process group of ``ref`` if it is still ours: a stopped (SIGSTOP) group acts
+    on a SIGTERM only once continued."""
+    if _process(ref) is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(ref.pid, signal.SIGCONT)
 
 
 def spawn_detached(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessRef:
@@ -179,8 +187,7 @@ def stop_tree(ref: ProcessRef, timeout_s: float) -> None:
             tree = [leader, *leader.children(recursive=True)]
         with contextlib.suppress(psutil.Error):
             leader.terminate()
-        with contextlib.suppress(OSError):
-            os.killpg(ref.pid, signal.SIGCONT)  # a stopped (SIGSTOP) group acts on its SIGTERM too
+        resume(ref)  # a stopped (SIGSTOP) group acts on its SIGTERM too
         poll_until(lambda: not _left(ref, tree), timeout_s, interval_s=0.1)
     # SIGKILL what is left (if the leader died first, its children may not have), again on each
     # look, so a process forked meanwhile goes too.

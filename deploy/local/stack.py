@@ -254,10 +254,15 @@ class Stack:
 
     def stop(self, names: Iterable[str] | None = None, *, timeout_s: float | None = None) -> None:
         """Stop the named components (default: every one with a PID file), in reverse order; each
-        gets its own SIGTERM grace (``catalogue``), or ``timeout_s``, before SIGKILL."""
+        gets its own SIGTERM grace (``catalogue``), or ``timeout_s``, before SIGKILL. A stopped
+        (SIGSTOP) component is continued first, all of them before any is stopped."""
         wanted = list(names) if names is not None else self.known()
+        refs = {name: self._ref(name) for name in wanted}
+        for ref in refs.values():  # all continued first: a draining service needs the others
+            if ref is not None:
+                processes.resume(ref)
         for name in sorted(wanted, key=start_rank, reverse=True):
-            ref = self._ref(name)
+            ref = refs[name]
             if ref is not None:
                 processes.stop_tree(ref, stop_timeout_s(name) if timeout_s is None else timeout_s)
             self._forget(name)
