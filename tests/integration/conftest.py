@@ -20,10 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pymongo import MongoClient
 
 from deploy.local import ModelSpec, Stack, free_ports
+from tests.support.waiting import wait_until
 
 TEST_MODEL_NAME = os.environ.get("BATCHSTREAM_TEST_MODEL_NAME", "tiny-llama")
 UNSERVED_MODEL = "unserved-model"
@@ -91,6 +93,15 @@ def unserved_model(mongo_db: Any) -> str:
 OwnStack = Callable[..., AbstractContextManager[Stack]]
 
 
+def aggregator_processing(stack: Stack) -> bool:
+    """The stack's aggregator reports the ``processing`` phase (partitions assigned, recovered)."""
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{stack.ports.aggregator}/readyz", timeout=5)
+        return bool(answer.json().get("phase") == "processing")
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 @pytest.fixture(scope="session")
 def own_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> OwnStack:
     """``with own_stack(name, services, models=..., extra_env=...) as stack:`` for a module fixture.
@@ -98,8 +109,9 @@ def own_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> Own
     The stack shares the stand-ins (Kafka, MongoDB, S3) but has its own topic prefix, database and
     bucket (named after the session's, plus ``name`` and a random suffix), its own api, aggregator
     and inference ports and its own state dir; ``extra_env`` goes to its services. The bucket and
-    topics are provisioned, ``services`` started, and on exit every process it started, restarts
-    included, is stopped by PID.
+    topics are provisioned, ``services`` started (an aggregator until it owns its partitions and
+    counts: healthy, it may still wait seconds for its group, and a test timing the pipeline would
+    time that), and on exit every process it started, restarts included, is stopped by PID.
     """
 
     @contextmanager
@@ -122,9 +134,12 @@ def own_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> Own
             environment="test",
             extra_env=dict(extra_env or {}),
         )
+        wanted = list(services)
         try:
             stack.provision()
-            stack.start(services)
+            stack.start(wanted)
+            if "aggregator" in wanted:
+                wait_until(lambda: aggregator_processing(stack), 90, "the aggregator to own its partitions")
             yield stack
         finally:
             stack.stop()  # every component with a PID file in this stack's own state dir
