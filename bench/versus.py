@@ -186,9 +186,8 @@ class Side:
         return self._read()
 
     def close(self) -> None:
-        """Ends the child, which stops its stack (its ``finally``); never raises."""
-        if self.frozen:
-            self.thaw()  # frozen, its services would act on the stop only when SIGKILL came
+        """Ends the child, which stops its stack (its ``finally``); never raises. ``run`` thaws
+        every side before closing any."""
         with contextlib.suppress(OSError):  # a child already gone: a broken pipe
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
