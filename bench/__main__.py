@@ -53,6 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="frozen",
         help="the other side's stack during a batch: frozen (SIGSTOP; each batch runs alone) or running idle",
     )
+    versus_group.add_argument(
+        "--start-first",
+        choices=["this", "that"],
+        default="this",
+        help="whose stack starts first and runs the first batch (alternate it between runs: a whole "
+        "run can favour one side)",
+    )
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
     pipe.add_argument("--lines", type=int, default=50_000)
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")

@@ -123,7 +123,9 @@ try:
             result = batchstream_once(client, poller, tap, path, stack.pids())
             texts = result.pop("_texts")
             digest = hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest()[:12]
-            answer.write(json.dumps({**result, "texts_sha256": digest}) + "\n")
+            stamps = sorted(tap.times[next(reversed(tap.times))])  # this batch's: the newest key
+            offsets = [round(t - stamps[0], 3) for t in stamps]  # each result after the first, for the JSON
+            answer.write(json.dumps({**result, "texts_sha256": digest, "result_offsets_s": offsets}) + "\n")
     finally:
         tap.close()
         poller.close()
@@ -270,7 +272,8 @@ def run(args: Any) -> dict[str, Any]:
     try:
         print(f"versus: checking out {that_name} ...", flush=True)
         tree = checkout(args.against, work)
-        for name, root in (("this", REPO_ROOT), ("that", tree)):
+        order = [("this", REPO_ROOT), ("that", tree)]
+        for name, root in order if args.start_first == "this" else order[::-1]:
             print(f"versus: starting {name} side's stack ({root}) ...", flush=True)
             sides.append(Side(name, root, config, work / f"{name}.log"))
             sides[-1].wait_ready()
@@ -300,6 +303,7 @@ def run(args: Any) -> dict[str, Any]:
         "env": args.env,
         "pairs": args.pairs,
         "idle_side": args.idle_side,
+        "start_first": args.start_first,
     }
     return report(rounds, that_name, args) | {"versions": versions, "settings": settings}
 
@@ -315,6 +319,25 @@ def run_round(side: Side, idle: Side, number: int, freeze_idle: bool) -> dict[st
     idle_before = idle.cpu_s()
     result = side.run()
     return result | {"round": number, "side": side.name, "idle_side_cpu_s": idle.cpu_s() - idle_before}
+
+
+PHASES = {  # name: the span of a batch it covers, from its round's result
+    "create to first result": lambda x: x["to_first_result_s"],
+    "first to last result": lambda x: x["to_last_result_s"] - x["to_first_result_s"],
+    "last result to completed": lambda x: x["timed_s"] - x["to_last_result_s"],
+    "create to completed": lambda x: x["timed_s"],
+}
+
+
+def phase_differences(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Per phase, the median over rounds of this side's span minus the other's in the same round:
+    which part of a batch a difference in throughput comes from."""
+    mine = [x for x in rounds if x["side"] == "this"]
+    theirs = [x for x in rounds if x["side"] == "that"]
+    return {
+        name: median(span(a) - span(b) for a, b in zip(mine, theirs, strict=True))
+        for name, span in PHASES.items()
+    }
 
 
 def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str, Any]:
@@ -341,6 +364,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
         "ratio_geomean_95": [low, high],
         **{f"{side}_{key}": median(of(side, key)) for side in ("this", "that") for key in CPU_KEYS},
         "same_texts": len({x["texts_sha256"] for x in rounds}) == 1,
+        "phases_this_minus_that_s": phase_differences(rounds),
     }
     print()
     print(
@@ -353,6 +377,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
                 "timed s",
                 "tok/s",
                 "to first result s",
+                "to last result s",
                 "worker CPU s",
                 "rest CPU s",
                 "idle side CPU s",
@@ -364,6 +389,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
                     x["timed_s"],
                     x["tokens_per_s"],
                     x["to_first_result_s"],
+                    x["to_last_result_s"],
                     x["worker_cpu_s"],
                     x["rest_cpu_s"],
                     x["idle_side_cpu_s"],
@@ -383,5 +409,10 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
         f"{summary['that_rest_cpu_s']:.1f}, the other side's idle stack beside its batches "
         f"{summary['this_idle_side_cpu_s']:.1f} / {summary['that_idle_side_cpu_s']:.1f}. "
         f"Same texts on both: {summary['same_texts']}."
+    )
+    phases = phase_differences(rounds)
+    print(
+        "Where the time goes, this minus that per round (median s): "
+        + ", ".join(f"{name} {value:+.3f}" for name, value in phases.items())
     )
     return {"rounds": rounds, "summary": summary}

@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STAND_INS = ("kafka", "mongo", "s3")
+# SeaweedFS holds ~232 MB of live Go heap from its start, most of it never touched (~115 MB
+# resident). Under a 256 MiB GOMEMLIMIT the Go GC ran at its limit from the start: a cycle every
+# few hundred KB allocated, ~50 cycles and 1-2 CPU s per 400-line parity batch, taken from the
+# core the engine's scheduler shares (docs/benchmarks.md, 2026-12-03). 512 MiB leaves the GC room
+# and still caps the peak.
+S3_GO_MEMORY_LIMIT = "512MiB"
 SERVICES = ("api", "aggregator")  # plus one "inference-<model>" per model
 _START_ORDER = {name: rank for rank, name in enumerate((*STAND_INS, *SERVICES))}
 # Seconds a component gets between SIGTERM and SIGKILL (inference finishes or hands back work).
@@ -159,7 +165,7 @@ def _s3(stack: Stack) -> Component:
             "-s3.allowDeleteBucketNotEmpty=false",
             f"-s3.config={identities}",
         ],
-        {**os.environ, "GOMEMLIMIT": "256MiB"},
+        {**os.environ, "GOMEMLIMIT": S3_GO_MEMORY_LIMIT},
         s3_ready(p.s3, stack.storage),
         start_timeout_s=60,
         prepare=lambda: _prepare_s3(s3_dir, identities, stack.storage.access_key, stack.storage.secret_key),
