@@ -155,6 +155,7 @@ def _s3(stack: Stack) -> Component:
             f"-filer.port={p.s3_filer}",
             f"-s3.port={p.s3}",
             f"-admin.port={p.s3_admin}",
+            f"-metricsPort={p.s3_metrics}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-webdav=false",

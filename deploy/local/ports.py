@@ -25,6 +25,7 @@ class Ports:
     s3_volume: int = 18080
     s3_filer: int = 18888
     s3_admin: int = 19646
+    s3_metrics: int = 19327  # SeaweedFS's Prometheus metrics (no gRPC twin)
     api: int = 10900
     aggregator: int = 10910
     inference: int = 10920  # the n-th model's worker uses inference + n
