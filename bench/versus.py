@@ -9,7 +9,8 @@ so no other service shares the machine with the batch, as the issue's "the big b
 an idle stack is not free (~1.6 CPU s per batch here, session 13, on the one core vLLM leaves to
 everything else). ``--idle-side running`` keeps it up idle and measures its CPU. A thawed side
 first runs a small untimed warm-up batch (its broker saw its consumers' sessions lapse while
-frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that, that, this, ...), so
+frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that, that, this, ...; with
+``--start-first that``: that, this, this, that, ...), so
 the first batch of each round after the first follows that same side's batch of the round before,
 with no freeze and no warm-up; the two sides take that place in turns. The figure is the geometric
 mean of the per-round ratios (this tree's tokens/s over the other's, the two batches of one round
@@ -120,10 +121,12 @@ try:
                 continue
             if command.strip() != "run":
                 break
+            seen = set(tap.times)  # the results tap keys results by batch id: this batch's is the new one
             result = batchstream_once(client, poller, tap, path, stack.pids())
             texts = result.pop("_texts")
             digest = hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest()[:12]
-            stamps = sorted(tap.times[next(reversed(tap.times))])  # this batch's: the newest key
+            new = [key for key in tap.times if key not in seen]
+            stamps = sorted(tap.times[new[0]]) if len(new) == 1 else []
             offsets = [round(t - stamps[0], 3) for t in stamps]  # each result after the first, for the JSON
             answer.write(json.dumps({**result, "texts_sha256": digest, "result_offsets_s": offsets}) + "\n")
     finally:
@@ -354,6 +357,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
     mean = math.exp(statistics.fmean(logs))
     half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     low, high = mean * math.exp(-half), mean * math.exp(half)
+    phases = phase_differences(rounds)
     summary = {
         "against": that_name,
         "this_tokens_per_s": median(of("this", "tokens_per_s")),
@@ -364,7 +368,7 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
         "ratio_geomean_95": [low, high],
         **{f"{side}_{key}": median(of(side, key)) for side in ("this", "that") for key in CPU_KEYS},
         "same_texts": len({x["texts_sha256"] for x in rounds}) == 1,
-        "phases_this_minus_that_s": phase_differences(rounds),
+        "phases_this_minus_that_s": phases,
     }
     print()
     print(
@@ -410,7 +414,6 @@ def report(rounds: list[dict[str, Any]], that_name: str, args: Any) -> dict[str,
         f"{summary['this_idle_side_cpu_s']:.1f} / {summary['that_idle_side_cpu_s']:.1f}. "
         f"Same texts on both: {summary['same_texts']}."
     )
-    phases = phase_differences(rounds)
     print(
         "Where the time goes, this minus that per round (median s): "
         + ", ".join(f"{name} {value:+.3f}" for name, value in phases.items())
