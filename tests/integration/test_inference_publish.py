@@ -278,13 +278,24 @@ async def test_results_waiting_for_the_broker_do_not_hold_the_engines_places(
         kafka, group, publish_attempts=50, publish_retry_max_wait_s=0.5, max_publishing=publishing
     )
 
-    def engine_fed_past_its_window() -> bool:
+    async def watch_in_flight() -> None:
+        """The gauge as a scrape reads it, sampled often: a fake-engine line is on it for ~20 ms,
+        shorter than ``wait_for``'s polls (CI once saw 16 lines start with none sampled)."""
         nonlocal peak
-        peak = max(peak, metrics.IN_FLIGHT.collect()[0].samples[0].value)  # as a scrape reads it
-        return _started() - started >= window + publishing
+        while True:
+            peak = max(peak, metrics.IN_FLIGHT.collect()[0].samples[0].value)
+            await asyncio.sleep(0.002)
 
     async with running(consumer, producer):
-        await wait_for(engine_fed_past_its_window, 60, "the engine fed while nothing is acknowledged")
+        watcher = asyncio.create_task(watch_in_flight())
+        try:
+            await wait_for(
+                lambda: _started() - started >= window + publishing,
+                60,
+                "the engine fed while nothing is acknowledged",
+            )
+        finally:
+            watcher.cancel()
         assert not set(await results_on_topic(kafka)) & {f"line-{n}" for n in range(lines)}
         await asyncio.sleep(0.5)  # the worker's held requests are bounded: no more start meanwhile
         assert _started() - started == window + publishing
