@@ -41,6 +41,18 @@ def decode(raw: bytes | None) -> dict[str, Any]:
     return value
 
 
+def key_hash(key: bytes) -> int:
+    """The hash Kafka's default partitioner (the Java client's, and aiokafka's) gives a key: the
+    partition of a keyed message is ``key_hash(key) % partitions``. The results topic is keyed by
+    batch id, so this is also which aggregator owns a batch."""
+    return murmur2(key) & 0x7FFFFFFF  # type: ignore[no-any-return]
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition of a message keyed ``key`` in a topic of ``partitions`` partitions."""
+    return key_hash(key) % partitions
+
+
 class CachedPartitioner:
     """aiokafka's default partitioner (murmur2 of the key, as the Java client), with each key's
     hash remembered. aiokafka's murmur2 is pure Python (~8 us per batch-id key, ~1.5% of the inference
@@ -59,7 +71,7 @@ class CachedPartitioner:
         if index is None:
             if len(self._hashes) >= self._max_keys:
                 self._hashes.clear()  # bounded; many distinct keys just hash as before
-            index = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+            index = self._hashes[key] = key_hash(key)
         return all_partitions[index % len(all_partitions)]
 
 

@@ -147,6 +147,12 @@ class ApiSettings(BaseSettings):
         return projects
 
 
+# How often an inference worker commits its finished lines by default (``commit_interval_s``).
+# The api's dispatcher meters the requests topic by the group's commits and counts a line as
+# queued until it is committed: its ``commit_lag_s`` follows from this. At 0.5 s a line of the
+# instant engine counted ~1.2 s and the topic was refilled in steps; a commit is one small request.
+WORKER_COMMIT_INTERVAL_S = 0.1
+
 # The worker's default window: lines it holds per engine place (see ``max_in_flight``).
 IN_FLIGHT_PER_PLACE = 16
 
@@ -233,12 +239,10 @@ class InferenceSettings(BaseSettings):
     fetch_max_wait_ms: int = 100
     """How long an idle fetch may wait for requests. Tansu holds a fetch this long even when
     records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines)."""
-    commit_interval_s: float = Field(default=0.1, gt=0)
+    commit_interval_s: float = Field(default=WORKER_COMMIT_INTERVAL_S, gt=0)
     """How often the worker commits the offsets of finished lines. The api's dispatcher counts a
     line as queued until it is committed, so a longer interval keeps the topic emptier than the
     workers need (docs/dispatcher.md); each commit is one small request."""
-    group_id: str = ""
-    """Consumer group of the model's workers. Default: ``batchstream-inference-<model>``."""
     group_instance_id: str = ""
     """Static group membership (Kafka's ``group.instance.id``): a name that stays the same across
     restarts of one worker and differs between the workers of a model (e.g. a StatefulSet pod

@@ -17,6 +17,7 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
+from shared.input_lines import split_lines
 from shared.settings import StorageSettings
 
 PART_SIZE = 16 * 1024 * 1024
@@ -157,14 +158,8 @@ class ObjectStore:
 
     async def iter_lines(self, key: str) -> AsyncIterator[bytes]:
         """Yield the object's lines (without the newline), one at a time."""
-        pending = b""
-        async for chunk in self.iter_chunks(key):
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                yield line
-        if pending:
-            yield pending
+        async for line in split_lines(self.iter_chunks(key)):
+            yield line
 
     async def list_keys(self, prefix: str) -> list[str]:
         def names() -> list[str]:

@@ -1,4 +1,4 @@
-"""Topic names, derived once from settings so every service agrees."""
+"""Topic and consumer-group names, derived once from settings so every service agrees."""
 
 from __future__ import annotations
 
@@ -24,3 +24,9 @@ def results_topic(settings: KafkaSettings) -> str:
 
 def control_topic(settings: KafkaSettings) -> str:
     return f"{settings.topic_prefix}control"
+
+
+def inference_group(settings: KafkaSettings, model: str) -> str:
+    """The consumer group of a model's inference workers. The workers join it and the api's
+    dispatcher meters the requests topic by its committed offsets, so both take it from here."""
+    return f"{settings.topic_prefix}batchstream-inference-{model_slug(model)}"

@@ -5,8 +5,7 @@ store's ``overdue`` query is its filter form, for the sweep). The finalizer
 then writes one error line per line still without a result (``batch_expired`` or
 ``batch_cancelled``) by streaming the input file from object storage, and merges those lines
 after the result chunks, so a real result always wins over a fill line for the same number.
-Line numbers count every line of the input file, blank lines included (as the api's dispatcher
-numbers them); blank lines get no output line.
+Lines are numbered by ``shared.input_lines`` (blank lines counted, then skipped).
 """
 
 from __future__ import annotations
@@ -20,20 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from shared import lifecycle
+from shared.input_lines import InputLine
+from shared.protocol.messages import LineError, NotRunCode
 from shared.result_chunks import Record, compact_json
 from shared.seen_lines import SeenLines
 
 log = logging.getLogger(__name__)
-MESSAGES = {
-    "batch_expired": "This request was not run: the batch expired before it could be processed.",
-    "batch_cancelled": "This request was not run: the batch was cancelled.",
-}
 
 
 @dataclass(frozen=True)
 class CloseReason:
     status: lifecycle.BatchStatus  # the terminal status: "expired" or "cancelled"
-    code: str  # the error code of every line without a result
+    code: NotRunCode  # the error code of every line without a result
 
 
 EXPIRED = CloseReason("expired", "batch_expired")
@@ -60,7 +57,7 @@ def fill_request_id(batch_id: str, line: int) -> str:
     return "batch_req_" + hashlib.sha256(f"{batch_id}:{line}".encode()).hexdigest()[:24]
 
 
-def fill_record(batch_id: str, line: int, raw: bytes, code: str) -> bytes:
+def fill_record(batch_id: str, line: int, raw: bytes, code: NotRunCode) -> bytes:
     """One chunk-format record (``shared/result_chunks.py``) for a line that never ran."""
     try:
         item = json.loads(raw)
@@ -71,24 +68,23 @@ def fill_record(batch_id: str, line: int, raw: bytes, code: str) -> bytes:
         "id": fill_request_id(batch_id, line),
         "custom_id": custom_id if isinstance(custom_id, str) else None,
         "response": None,
-        "error": {"code": code, "message": MESSAGES[code]},
+        "error": LineError.not_run(code).model_dump(),
     }
     return Record(line, False, compact_json(payload)).encode()
 
 
 async def write_fill(
-    batch_id: str, lines: AsyncIterator[bytes], seen: SeenLines, code: str, path: Path
+    batch_id: str, lines: AsyncIterator[InputLine], seen: SeenLines, code: NotRunCode, path: Path
 ) -> int:
     """Write a record for every request line not in ``seen``, in line order; returns how many.
 
     Holds one input line at a time (the bitmap is 6 KB for 50,000 lines).
     """
-    written = number = 0
+    written = 0
     with path.open("wb") as out:
-        async for raw in lines:
-            number += 1
-            if not raw.strip() or number in seen:
+        async for line in lines:
+            if line.number in seen:
                 continue
-            out.write(fill_record(batch_id, number, raw, code))
+            out.write(fill_record(batch_id, line.number, line.raw, code))
             written += 1
     return written

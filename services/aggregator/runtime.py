@@ -11,14 +11,13 @@ import time
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from services.aggregator.batches import BatchDirectory
 from services.aggregator.counts import CountsFlusher
 from services.aggregator.processor import ChunkProcessor, FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.sinks import ChunkWriter, Finalizer
 from services.aggregator.webhooks import WebhookDeliverer
+from shared.kafka import key_partition
 from shared.mongo import Mongo
 from shared.settings import MongoSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
@@ -30,8 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def partition_for(batch_id: str, partitions: int) -> int:
-    """The partition aiokafka's default partitioner picks for a raw batch-id key."""
-    return (murmur2(batch_id.encode()) & 0x7FFFFFFF) % partitions
+    """The results partition of a batch (the producers key results by batch id)."""
+    return key_partition(batch_id.encode(), partitions)
 
 
 class Runtime:

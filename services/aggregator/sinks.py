@@ -28,7 +28,8 @@ from services.aggregator.closing import close_reason, write_fill
 from services.aggregator.state import BatchState, SeenLines
 from shared import lifecycle
 from shared.documents import FileDocument
-from shared.protocol.messages import ResultMessage
+from shared.input_lines import request_lines
+from shared.protocol.messages import NotRunCode, ResultMessage
 from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
 from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
@@ -44,7 +45,7 @@ Document = dict[str, Any]
 class Fill:
     """What the error lines of a batch ended early are made from."""
 
-    code: str
+    code: NotRunCode
     input_file_id: str
     seen: SeenLines
 
@@ -203,7 +204,7 @@ class Finalizer:
             return None
         path = work / "fill.chunk"
         try:
-            lines = self._store.iter_lines(file_doc.object_key)
+            lines = request_lines(self._store.iter_chunks(file_doc.object_key))
             written = await write_fill(batch_id, lines, fill.seen, fill.code, path)
         except ObjectNotFound:
             log.warning("finalize: input object gone", extra={"batch_id": batch_id})

@@ -32,18 +32,15 @@ from services.inference import metrics
 from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
 from shared.kafka import decode
-from shared.protocol.messages import RequestMessage, ResultMessage
+from shared.protocol.messages import LineError, RequestMessage, ResultMessage
 from shared.retries import RetryRule, first_then_retrying
-from shared.settings import InferenceSettings, KafkaSettings
-from shared.topics import model_slug, requests_topic, results_topic
+from shared.settings import WORKER_COMMIT_INTERVAL_S, InferenceSettings, KafkaSettings
+from shared.topics import inference_group, requests_topic, results_topic
 
 log = logging.getLogger(__name__)
 
-# The api's dispatcher meters the requests topic by this group's committed offsets: a finished line
-# counts as still queued until it is committed (docs/dispatcher.md). At 0.5 s a line of the instant
-# engine counted ~1.2 s and the topic was refilled in steps; a commit is one small request. The
-# poll timeout also bounds how long finished lines wait for a commit while no new lines come.
-COMMIT_INTERVAL_S = 0.1  # the default of BATCHSTREAM_INFERENCE_COMMIT_INTERVAL_S
+# The poll timeout also bounds how long finished lines wait for a commit while no new lines come
+# (the dispatcher counts them as queued until then: WORKER_COMMIT_INTERVAL_S).
 POLL_TIMEOUT_MS = 100
 # The group drops a member that has not polled for this long (its lines go to the others).
 MAX_POLL_INTERVAL_MS = 300_000
@@ -58,10 +55,6 @@ PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
 
 class FatalConsumerError(RuntimeError):
     """The worker cannot go on (e.g. results cannot be published); exit and be restarted."""
-
-
-def group_id(settings: InferenceSettings, model_id: str) -> str:
-    return settings.group_id or f"batchstream-inference-{model_slug(model_id)}"
 
 
 def consumer_options(settings: InferenceSettings) -> dict[str, Any]:
@@ -117,7 +110,7 @@ class RequestConsumer:
         drain_timeout_s: float = 30.0,
         publish_attempts: int = 5,
         publish_retry_max_wait_s: float = 5.0,
-        commit_interval_s: float = COMMIT_INTERVAL_S,
+        commit_interval_s: float = WORKER_COMMIT_INTERVAL_S,
         keepalive_poll_s: float = KEEPALIVE_POLL_S,
     ) -> None:
         self.consumer = consumer
@@ -153,7 +146,7 @@ class RequestConsumer:
         drain_timeout_s: float = 30.0,
     ) -> RequestConsumer:
         model_id = handler.engine.model_id
-        consumer = make_consumer(kafka, group_id(inference, model_id), **consumer_options(inference))
+        consumer = make_consumer(kafka, inference_group(kafka, model_id), **consumer_options(inference))
         return cls(
             consumer,
             producer,
@@ -306,7 +299,9 @@ class RequestConsumer:
         detail = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors()[:5]
         )
-        return never_ran(stub, "invalid_request", f"Invalid request message: {detail}")
+        return never_ran(
+            stub, LineError(code="invalid_request", message=f"Invalid request message: {detail}")
+        )
 
     async def _publish(self, result: ResultMessage, topic: str, where: str) -> None:
         """Publish and wait for the broker's acknowledgement, trying again while it fails; the

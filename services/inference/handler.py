@@ -27,6 +27,7 @@ from services.inference.places import EnginePlaces
 from shared.ids import new_id
 from shared.protocol.messages import (
     LineError,
+    NotRunCode,
     RequestMessage,
     ResponsePayload,
     ResultMessage,
@@ -68,7 +69,7 @@ def context_limit(body: dict[str, Any], defaults: SamplingDefaults | None) -> in
     return defaults.max_context_length if defaults else None
 
 
-def never_ran(message: RequestMessage, code: str, text: str) -> ResultMessage:
+def never_ran(message: RequestMessage, error: LineError) -> ResultMessage:
     """A result for a line that was not run (expired, cancelled, or not a valid request)."""
     return ResultMessage(
         request_id=message.request_id,
@@ -76,12 +77,8 @@ def never_ran(message: RequestMessage, code: str, text: str) -> ResultMessage:
         batch_id=message.batch_id,
         line=message.line,
         response=None,
-        error=LineError(code=code, message=text),
+        error=error,
     )
-
-
-EXPIRED_TEXT = "This request could not be executed before the completion window expired."
-CANCELLED_TEXT = "This request was not executed because the batch was cancelled."
 
 
 @dataclass(frozen=True)
@@ -186,12 +183,12 @@ class RequestHandler:
         for run_id in run_ids:
             await self.engine.abort(run_id)
 
-    def _never_run_reason(self, message: RequestMessage) -> tuple[str, str] | None:
+    def _never_run_reason(self, message: RequestMessage) -> NotRunCode | None:
         if self.control.cancelled(message.batch_id):
-            return "batch_cancelled", CANCELLED_TEXT
+            return "batch_cancelled"
         deadline = message.expires_at or self.control.expires_at(message.batch_id)
         if deadline is not None and self.clock() >= deadline:
-            return "batch_expired", EXPIRED_TEXT
+            return "batch_expired"
         return None
 
     async def handle(self, message: RequestMessage) -> ResultMessage:
@@ -202,13 +199,13 @@ class RequestHandler:
         """
         reason = self._never_run_reason(message)
         if reason is not None:
-            metrics.LINES.by_status[reason[0]] += 1
-            return never_ran(message, *reason)
+            metrics.LINES.by_status[reason] += 1
+            return never_ran(message, LineError.not_run(reason))
         try:
             run_id, answer = await self._run(message)
         except RequestAborted:  # cancel_batch aborted it: a cancelled batch's line
             metrics.LINES.by_status["batch_cancelled"] += 1
-            return never_ran(message, "batch_cancelled", CANCELLED_TEXT)
+            return never_ran(message, LineError.not_run("batch_cancelled"))
         self._count(answer)
         return ResultMessage(
             request_id=message.request_id,

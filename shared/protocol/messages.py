@@ -168,6 +168,19 @@ class LineError(BaseModel):
     code: str
     message: str
 
+    @classmethod
+    def not_run(cls, code: NotRunCode) -> LineError:
+        """The error of a line that never ran because its batch ended, whoever writes it (a
+        worker that skips it, or the aggregator's fill at finalize): one wording per code."""
+        return cls(code=code, message=NOT_RUN_MESSAGES[code])
+
+
+NotRunCode = Literal["batch_expired", "batch_cancelled"]
+NOT_RUN_MESSAGES: dict[NotRunCode, str] = {
+    "batch_expired": "This request was not run: the batch expired before it could be processed.",
+    "batch_cancelled": "This request was not run: the batch was cancelled.",
+}
+
 
 class ResultMessage(BaseModel):
     """One finished line, keyed by batch id on the results topic (or a pipeline's reply topic).

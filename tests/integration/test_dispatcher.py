@@ -55,6 +55,9 @@ def dispatch_stack(own_stack: OwnStack) -> Iterator[Stack]:
             "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
             **FAKE_STACK_ENV,
             "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "300",  # the dispatcher settles cancels
+            # A group name in the worker's own settings would split it from the dispatcher's
+            # meter; the group follows from the shared Kafka settings alone (test below).
+            "BATCHSTREAM_INFERENCE_GROUP_ID": "a-group-of-its-own",
         },
     ) as stack:
         yield stack
@@ -224,6 +227,17 @@ async def test_an_idle_dispatcher_rests_between_rounds(client: AsyncOpenAI) -> N
     await asyncio.sleep(window_s)  # a rate is counted over a window: nothing to wait on
     rounds = _metric(await _metrics(client), "batchstream_dispatch_rounds_total") - before
     assert 0 < rounds <= 15 * window_s, f"{rounds:.0f} rounds in {window_s} s"
+
+
+async def test_the_dispatcher_meters_the_group_its_workers_joined(client: AsyncOpenAI) -> None:
+    """The stack has a topic prefix (which names the workers' group) and a worker-side group
+    setting (which must name nothing). A dispatcher that meters a group no worker joined sees no
+    commit and no member: once the smallest backlog target (64 lines here) is sent, the rest of
+    the batch never goes."""
+    batch = await create_batch(client, FAKE_MODEL, 1_000, prefix="group")
+    done = await wait_terminal(client, batch.id, 120)
+    assert done.status == "completed"
+    assert every_line_once(await output_ids(client, done), 1_000, prefix="group")
 
 
 async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from openai import OpenAI
+
+from shared.input_lines import InputLine, request_lines
 
 CHAT = "/v1/chat/completions"
 
@@ -46,3 +48,14 @@ def parse_jsonl(text: str) -> list[dict[str, Any]]:
 def read_lines(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     """A file's records through the api (none when there is no file)."""
     return parse_jsonl(client.files.content(file_id).text) if file_id else []
+
+
+def file_request_lines(items: Iterable[bytes]) -> AsyncIterator[InputLine]:
+    """The request lines of a file made of ``items`` (one line each), numbered as every service
+    numbers them (``shared.input_lines``)."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for item in items:
+            yield item + b"\n"
+
+    return request_lines(chunks())

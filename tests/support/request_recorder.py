@@ -20,9 +20,8 @@ from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
-from services.inference.consumer import group_id
-from shared.settings import InferenceSettings, KafkaSettings
-from shared.topics import requests_topic
+from shared.settings import KafkaSettings
+from shared.topics import inference_group, requests_topic
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class RequestRecorder:
         self._consumer = AIOKafkaConsumer(
             requests_topic(kafka, model),
             bootstrap_servers=kafka.bootstrap_servers,
-            group_id=group_id(InferenceSettings(), model),
+            group_id=inference_group(kafka, model),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=50,

@@ -37,7 +37,7 @@ from shared.settings import KafkaSettings
 from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
-from shared.topics import model_slug, requests_topic
+from shared.topics import inference_group, requests_topic
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class Dispatcher:
         await self._ensure_topic(model)
         if not state.partitions:
             state.partitions = len(await self.producer.partitions_for(state.topic) or ()) or 1
-        group = self.settings.group_prefix + model_slug(model)
+        group = inference_group(self.kafka, model)
         try:
             committed, members = await self.probe.read(group, state.topic, state.partitions)
         except Exception as exc:

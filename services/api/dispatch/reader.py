@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
+from shared.input_lines import InputLine, is_request, numbered_lines
 from shared.storage import ObjectStore
 
-
-@dataclass(frozen=True)
-class InputLine:
-    number: int  # 1-based line of the input file, blank lines included (the aggregator's numbering)
-    start: int  # byte offset of the line in the file
-    raw: bytes  # without the newline
+__all__ = ["InputCursor", "InputLine", "read_line", "read_lines", "scan"]
 
 
 class InputCursor:
@@ -39,7 +34,7 @@ class InputCursor:
                 self.exhausted = True
                 break
             self.line, self.byte = item.number + 1, item.start + len(item.raw) + 1
-            if item.raw.strip():
+            if is_request(item.raw):
                 taken.append(item)
         return taken
 
@@ -48,16 +43,8 @@ class InputCursor:
         if lines is not None:
             await lines.aclose()  # type: ignore[attr-defined]
 
-    async def _iterate(self) -> AsyncIterator[InputLine]:
-        number, start, pending = self.line, self.byte, b""
-        async for chunk in self.store.iter_chunks(self.key, offset=self.byte):
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                yield InputLine(number, start, raw)
-                number, start = number + 1, start + len(raw) + 1
-        if pending:
-            yield InputLine(number, start, pending)
+    def _iterate(self) -> AsyncIterator[InputLine]:
+        return numbered_lines(self.store.iter_chunks(self.key, offset=self.byte), self.line, self.byte)
 
 
 # Lines whose byte ranges lie closer than this are read with one ranged GET.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.settings import WORKER_COMMIT_INTERVAL_S
+
 # The loop's pause is the shortest of its timers (refresh, meter, lease, positions, journeys): each
 # is at least this, so the loop always rests.
 SHORTEST_TIMER_S = 0.01
@@ -44,12 +46,11 @@ class DispatchSettings(BaseSettings):
     """Smallest topic backlog target, in lines."""
     max_backlog: int = 20_000
     """Largest topic backlog target, in lines."""
-    commit_lag_s: float = 0.3
-    """How long a finished line stays in the measured backlog: the workers commit every 0.1 s, a
-    worker waiting for lines polls up to 0.1 s, and a fast engine's group is read every 0.1 s
-    (``meter_seconds``; a slow engine's is read less often, but its lines take far longer)."""
-    group_prefix: str = "batchstream-inference-"
-    """The inference consumer group of a model: this prefix plus the model's topic slug."""
+    commit_lag_s: float = round(3 * WORKER_COMMIT_INTERVAL_S, 3)
+    """How long a finished line stays in the measured backlog: the workers commit every
+    ``WORKER_COMMIT_INTERVAL_S`` (0.1 s), a worker waiting for lines polls as long, and a fast
+    engine's group is read as often (``meter_seconds``; a slow engine's is read less often, but
+    its lines take far longer)."""
     meter_seconds: float = Field(default=0.1, ge=SHORTEST_TIMER_S)
     """Shortest pause between readings of the consumer group's committed offsets. While lines wait
     to be sent, they are read once about an eighth of the topic's backlog has drained at the

@@ -21,6 +21,7 @@ from services.api.service.validation import InputValidator
 from shared import ids
 from shared.documents import BatchDocument, FileDocument, sort_key
 from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.messages import ControlMessage
 from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
@@ -276,7 +277,7 @@ class BatchService:
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
         )
-        report = await validator.run(self.store.iter_lines(input_file.object_key))
+        report = await validator.run(request_lines(self.store.iter_chunks(input_file.object_key)))
         if not report.ok:
             await self._fail(batch, report.errors)
             log.info(

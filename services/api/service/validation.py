@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
 
@@ -40,14 +41,11 @@ class InputValidator:
     _custom_ids: set[str] = field(default_factory=set)
     _report: ValidationReport = field(default_factory=ValidationReport)
 
-    async def run(self, lines: AsyncIterator[bytes]) -> ValidationReport:
-        number = 0
-        async for raw in lines:
-            number += 1
-            if not raw.strip():
-                continue
+    async def run(self, lines: AsyncIterator[InputLine]) -> ValidationReport:
+        """Check the file's request lines (``shared.input_lines.request_lines``)."""
+        async for line in lines:
             self._report.lines += 1
-            self._check_line(number, raw)
+            self._check_line(line.number, line.raw)
         if self._report.lines == 0:
             self._error(None, "empty_file", "The input file has no request lines.")
         elif self._report.lines > self.max_lines:

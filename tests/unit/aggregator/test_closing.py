@@ -13,6 +13,7 @@ from services.aggregator.closing import (
     write_fill,
 )
 from services.aggregator.state import SeenLines
+from shared.input_lines import InputLine, request_lines
 
 
 def test_close_reason() -> None:
@@ -33,9 +34,13 @@ def test_close_reason() -> None:
     assert close_reason({"status": "completed", "expires_at": 0}, now, 60) is None
 
 
-async def lines(*items: bytes) -> AsyncIterator[bytes]:
-    for item in items:
-        yield item
+def lines(*items: bytes) -> AsyncIterator[InputLine]:
+    """The request lines of a file made of ``items``, numbered as every service numbers them."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"\n".join(items)
+
+    return request_lines(chunks())
 
 
 def request(custom_id: str) -> bytes:

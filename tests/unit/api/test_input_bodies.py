@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from services.api.service.validation import InputValidator
-
-
-async def _lines(items: list[bytes]) -> AsyncIterator[bytes]:
-    for item in items:
-        yield item
+from tests.support.lines import file_request_lines
 
 
 async def errors_for(endpoint: str, body: dict[str, Any]) -> list[tuple[str, str | None]]:
     raw = json.dumps({"custom_id": "a", "method": "POST", "url": endpoint, "body": {"model": "m", **body}})
-    report = await InputValidator(endpoint, {"m": None}, 10, 10).run(_lines([raw.encode()]))
+    report = await InputValidator(endpoint, {"m": None}, 10, 10).run(file_request_lines([raw.encode()]))
     return [(e.code, e.param) for e in report.errors]
 
 

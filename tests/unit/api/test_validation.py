@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from services.api.service.validation import InputValidator, ValidationReport
+from tests.support.lines import file_request_lines
 
 ENDPOINT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -23,14 +23,9 @@ def line(custom_id: str = "a", **overrides: Any) -> bytes:
     return json.dumps(item).encode()
 
 
-async def _lines(items: list[bytes]) -> AsyncIterator[bytes]:
-    for item in items:
-        yield item
-
-
 async def validate(items: list[bytes], max_lines: int = 100, max_errors: int = 100) -> ValidationReport:
     validator = InputValidator(ENDPOINT, {"m": 1024, "other": None}, max_lines, max_errors)
-    return await validator.run(_lines(items))
+    return await validator.run(file_request_lines(items))
 
 
 def codes(report: ValidationReport) -> list[tuple[int | None, str, str | None]]:
@@ -104,7 +99,7 @@ def response_line(custom_id: str, **body: Any) -> bytes:
 
 
 async def validate_responses(items: list[bytes]) -> ValidationReport:
-    return await InputValidator(RESPONSES, {"m": 1024}, 100, 100).run(_lines(items))
+    return await InputValidator(RESPONSES, {"m": 1024}, 100, 100).run(file_request_lines(items))
 
 
 async def test_a_good_responses_file_passes() -> None:
