@@ -1,4 +1,4 @@
-"""The dispatcher's figures (issue 10): head of line and the projects' shares of throughput.
+"""The dispatcher's figures: head of line and the projects' shares of throughput.
 
 - Head of line: a small batch created while a big one runs, against the same small batch alone
   (median of ``runs``). Targets: instant engine within 1.2x alone + 0.5 s (behind 50,000 lines);

@@ -327,7 +327,7 @@ def run(args: Any) -> dict[str, Any]:
 
 
 def head_of_line_real(args: Any, client: OpenAI, poller: MongoPoller, work: Path) -> dict[str, Any]:
-    """Issue 10's real-engine figure: a small batch behind a big one, within 2x its time alone."""
+    """The real-engine head of line: a small batch behind a big one, within 2x its time alone."""
     print(f"parity: head of line, {args.hol_small} lines behind {args.hol_big:,} ...", flush=True)
     big_path = work / "hol-big.jsonl"
     build_input(big_path, args.hol_big, args.max_tokens)

@@ -13,9 +13,9 @@ about 200 MB, by default):
 - CPU seconds per 1,000 lines for every process of the stack (psutil, process trees), and each
   one's peak RSS sampled every 200 ms;
 - head-of-line: a 10-line batch created as soon as the large one is ``in_progress``, against the
-  same batch alone on the idle stack (median of ``--small-runs``); target (issue 10): within 1.2x
+  same batch alone on the idle stack (median of ``--small-runs``); target: within 1.2x
   alone + 0.5 s;
-- shares (issue 10): two projects each create an equal ``--share-lines`` batch at once; each one's
+- shares: two projects each create an equal ``--share-lines`` batch at once; each one's
   share of the lines finished while both run (target 50% +/- 10%), see ``bench/dispatch.py``.
 
 With the dispatcher (docs/dispatcher.md), ``emitted`` means every line was dispatched: lines wait in
@@ -61,8 +61,8 @@ from deploy.local import ModelSpec, Stack
 
 MODEL = "fake-model"
 SMALL_LINES = 10
-HOL_FACTOR, HOL_SLACK_S = 1.2, 0.5  # issue 10: behind the big batch within 1.2x alone + 0.5 s
-# Issue 14's yardstick: the whole batch's rate when it was filed (README, 5,869 lines/s), x3.
+HOL_FACTOR, HOL_SLACK_S = 1.2, 0.5  # head of line: behind the big batch within 1.2x alone + 0.5 s
+# The yardstick: the whole batch's rate on 2026-11-30 at 055bd36 (5,869 lines/s); the target is 3x.
 YARDSTICK_LINES_PER_S, SPEEDUP_TARGET = 5_869, 3.0
 OUR_SERVICES = ("api", "aggregator", "inference")  # what "our services" sums (not the stand-ins)
 
@@ -302,7 +302,7 @@ def _measure(
 
 
 def plumbing_figures(r: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
-    """Issue 14's figures: (name, value, target, met)."""
+    """The plumbing targets: (name, value, target, met)."""
     ours = sum(v for n, v in r["cpu_s_per_1000_lines"].items() if n.startswith(OUR_SERVICES))
     lag = r["live_count_lag_s"]
     tail = r["last_result_to_finalizing_s"] + r["finalize_s"]
@@ -476,7 +476,7 @@ def _print(r: dict[str, Any]) -> None:
     print()
     print(
         table(
-            "Plumbing targets (issue 14)",
+            "Plumbing targets",
             ["figure", "value", "target", ""],
             [[n, v, t, "met" if ok else "NOT met"] for n, v, t, ok in r["plumbing"]],
         )

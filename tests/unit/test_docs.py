@@ -1,8 +1,11 @@
-"""The docs stay true to the tree: the configuration page matches the settings, links resolve."""
+"""The docs stay true to the tree: the configuration page matches the settings, links resolve, and
+no tracked file labels a figure or fact by development round (dates and commits name them)."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,58 @@ def test_the_link_checker_sees_a_broken_link(tmp_path: Path) -> None:
     targets = relative_links(page)
     assert targets == ["other.md#two-words", "missing.md", "other.md#nope"]
     assert anchors(tmp_path / "other.md") == {"other-page", "two-words"}
+
+
+# A figure or fact named by the development round that produced it; the date and the commit name it
+# instead, and the history is in git.
+_ROUND_LABEL = re.compile(r"session [0-9]", re.IGNORECASE)
+
+
+def tracked_text_files() -> list[Path]:
+    """Every file git tracks under the repository root that reads as text (binary files skipped)."""
+    if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout (an unpacked source tree), or no git")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True)
+    files = []
+    for name in listed.stdout.decode().split("\0"):
+        path = REPO_ROOT / name
+        if name and path.is_file() and not path.is_symlink():
+            files.append(path)
+    return files
+
+
+def round_labels(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """``path:line: text`` for each line that labels something by development round; none for a
+    binary file (a NUL byte, or not UTF-8)."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        return []
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    relative = path.relative_to(root).as_posix()
+    return [
+        f"{relative}:{number}: {line.strip()}"
+        for number, line in enumerate(text.splitlines(), start=1)
+        if _ROUND_LABEL.search(line)
+    ]
+
+
+def test_no_tracked_file_labels_anything_by_development_round() -> None:
+    files = tracked_text_files()
+    assert REPO_ROOT / "docs" / "benchmarks.md" in files
+    found = [hit for path in files for hit in round_labels(path)]
+    assert found == [], (
+        f"name measurements and facts by their date and commit, not by development round: {found}"
+    )
+
+
+def test_the_round_label_check_sees_a_label_and_skips_binary_files(tmp_path: Path) -> None:
+    label = "Session " + "7"  # split, so this file does not carry the label itself
+    (tmp_path / "notes.md").write_text(f"Measured in {label}.\nMeasured on 2026-12-01 at 49b1a09.\n")
+    (tmp_path / "blob.bin").write_bytes(f"\0{label}".encode())
+    (tmp_path / "latin1.txt").write_bytes(f"caf\xe9 {label}".encode("latin-1"))
+    assert round_labels(tmp_path / "notes.md", tmp_path) == [f"notes.md:1: Measured in {label}."]
+    assert round_labels(tmp_path / "blob.bin", tmp_path) == []
+    assert round_labels(tmp_path / "latin1.txt", tmp_path) == []

@@ -1,6 +1,6 @@
 """Which batch's lines go next: a pure planner, fed the queue and a budget, with no I/O.
 
-The order, as the issue asks:
+The order:
 1. ``priority`` (higher first; strict);
 2. the earliest deadline (``expires_at``): batches whose deadlines lie within
    ``deadline_resolution_s`` of the earliest one form a tier, served before later tiers (every batch
