@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [--only parity|pipeline] [options]`` (``make bench``), or
+"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix] [options]`` (``make bench``), or
 ``python -m bench --only versus --against REV`` (this tree against an older commit).
 
 Prints tables and writes bench/results/bench-<time>.json and bench/results/latest.json.
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import parity, pipeline, versus
+from bench import parity, pipeline, prefix, versus
 from bench.common import default_path, machine
 from deploy.local import REPO_ROOT
 
@@ -25,7 +25,9 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
-        "--only", choices=["parity", "pipeline", "versus"], help="run one benchmark (versus: only so)"
+        "--only",
+        choices=["parity", "pipeline", "prefix", "versus"],
+        help="run one benchmark (versus: only so)",
     )
     parser.add_argument(
         "--inference-python",
@@ -60,6 +62,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="whose stack starts first and runs the first batch (alternate it between runs: a whole "
         "run can favour one side)",
     )
+    pre = parser.add_argument_group("prefix order (shared-prefix file against run-batch)")
+    pre.add_argument("--input", default="", help="a chat-completions JSONL file instead of the generated one")
+    pre.add_argument(
+        "--kv-cache-blocks",
+        type=int,
+        default=400,
+        help="KV cache blocks on both sides (num_gpu_blocks_override; 400 is ~8.1k tokens of Gemma 3 "
+        "270M, below the generated workload's distinct prefixes); 0: the memory setting's size",
+    )
+    pre.add_argument("--kv-block-tokens", type=int, default=16, help="tokens per KV block, for the ideal")
+    pre.add_argument("--prefix-documents", type=int, default=32)
+    pre.add_argument("--prefix-questions", type=int, default=6)
+    pre.add_argument("--prefix-doc-words", type=int, default=150, help="words per document (~2 tokens each)")
+    pre.add_argument("--prefix-templates", type=int, default=8)
+    pre.add_argument("--prefix-inputs", type=int, default=12)
+    pre.add_argument("--prefix-rounds", type=int, default=1)
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
     pipe.add_argument("--lines", type=int, default=50_000)
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
@@ -124,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         _save(report, path)
     if args.only in (None, "parity"):
         report["parity"] = parity.run(args)
+        _save(report, path)
+    if args.only in (None, "prefix"):
+        report["prefix"] = prefix.run(args)
     report["duration_s"] = time.monotonic() - started
     _save(report, path)
     print(f"\nresults: {path} ({report['duration_s']:.0f} s in all)")

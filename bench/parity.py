@@ -103,6 +103,7 @@ def run_batch_once(
         str(args.max_model_len),
         "--enforce-eager",
         "--disable-log-stats",
+        *getattr(args, "run_batch_extra", ()),
     ]
     env = {**os.environ, **engine_env(args.kv_cache_gib)}
     idle_before = sum(stack_cpu(stack_pids).values())

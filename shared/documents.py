@@ -96,6 +96,7 @@ class BatchDocument(StoredDocument):
     emitted: bool = False
     attempts: int = 0
     priority: int = 0
+    prefix_order: bool = False  # asked for at create; after validation: whether an order exists
     dispatchable: bool = False
     dispatch_settled: bool = False
     seen_lines: bytes | None = None

@@ -185,6 +185,14 @@ class InferenceSettings(BaseSettings):
     """vLLM ``--gpu-memory-utilization``."""
     enforce_eager: bool = False
     """vLLM ``--enforce-eager`` (no CUDA graphs; faster start)."""
+    engine_stats: bool = True
+    """vLLM's own statistics: its ``vllm:*`` Prometheus series on the worker's ``/metrics``
+    (among them ``vllm:prefix_cache_queries``/``vllm:prefix_cache_hits``, the prefix-cache hit
+    rate, and ``vllm:prompt_tokens``/``vllm:prompt_tokens_cached``: prefill tokens computed is
+    their difference), and its periodic log line. Off: ``--disable-log-stats``."""
+    kv_cache_blocks: int = Field(default=0, ge=0)
+    """vLLM ``--num-gpu-blocks-override``: the KV cache's size in blocks (the CPU backend honours
+    it too); 0: what the memory settings give. The benchmarks size both sides' caches alike."""
     prompt_tokens_details: bool = True
     """vLLM ``--enable-prompt-tokens-details``: chat and completions bodies report
     ``usage.prompt_tokens_details.cached_tokens`` (prompt tokens served from the prefix cache),

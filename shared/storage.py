@@ -189,5 +189,15 @@ def file_key(file_id: str) -> str:
     return f"files/{file_id}"
 
 
+def batch_prefix(batch_id: str) -> str:
+    """Every object of a batch's own (its result chunks, its dispatch order)."""
+    return f"batches/{batch_id}/"
+
+
 def result_chunk_prefix(batch_id: str) -> str:
-    return f"batches/{batch_id}/results/"
+    return f"{batch_prefix(batch_id)}results/"
+
+
+def dispatch_order_key(batch_id: str) -> str:
+    """A batch's dispatch order (``services/api/dispatch/order.py``), written at validation."""
+    return f"{batch_prefix(batch_id)}dispatch-order"

@@ -51,6 +51,7 @@ LATENCY = Histogram("batchstream_api_request_seconds", "HTTP request latency", [
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     api_settings, kafka_settings = ApiSettings(), KafkaSettings()
+    dispatch_settings = DispatchSettings()
     webhook_endpoints = WebhookSettings().endpoints  # a bad url or secret stops the start here
     mongo = Mongo(MongoSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
     copies = LocalCopies.at(api_settings.input_copy_dir, api_settings.input_copy_bytes)
@@ -81,6 +82,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             file_service,
             ControlAnnouncer(producer, kafka_settings),
             api_settings,
+            dispatch_settings,
         )
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
         app.state.models = model_store
@@ -94,7 +96,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             store=store,
             producer=line_producer,
             kafka=kafka_settings,
-            settings=DispatchSettings(),
+            settings=dispatch_settings,
             owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
         )
         batch_service.on_dispatchable = dispatcher.wake

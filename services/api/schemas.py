@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from shared.protocol.messages import SamplingDefaults
 
@@ -26,6 +26,8 @@ class BatchCreateParams(SamplingDefaults):
     output_expires_after: ExpiresAfter | None = None
     # batchstream's extension: higher runs first among the model's queued batches (docs/dispatcher.md).
     priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    # batchstream's extension: false sends the lines in file order (docs/dispatcher.md).
+    prefix_order: StrictBool | None = None
 
     def defaults(self) -> SamplingDefaults:
         return SamplingDefaults.model_validate(self.model_dump(include=set(SamplingDefaults.model_fields)))

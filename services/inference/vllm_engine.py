@@ -70,10 +70,13 @@ def build_args(settings: InferenceSettings) -> Namespace:
         str(settings.tensor_parallel_size),
         "--gpu-memory-utilization",
         str(settings.gpu_memory_utilization),
-        "--disable-log-stats",
         "--scheduling-policy",
         settings.scheduling_policy,
     ]
+    if not settings.engine_stats:
+        argv.append("--disable-log-stats")
+    if settings.kv_cache_blocks:
+        argv += ["--num-gpu-blocks-override", str(settings.kv_cache_blocks)]
     if settings.max_model_len > 0:  # 0: the model's own limit
         argv += ["--max-model-len", str(settings.max_model_len)]
     if settings.served_model_name:

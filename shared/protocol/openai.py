@@ -99,6 +99,8 @@ class Batch(SamplingDefaults):
     error: BatchError | None = None
     # batchstream's dispatch priority (an extension; higher first; 0 unless given at create).
     priority: int = 0
+    # batchstream's extension: whether the lines are sent in prefix order (docs/dispatcher.md).
+    prefix_order: bool = False
 
 
 class ModelCard(BaseModel):

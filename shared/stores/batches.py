@@ -35,6 +35,7 @@ DISPATCH_FIELDS = {
     "project": 1,
     "status": 1,
     "priority": 1,
+    "prefix_order": 1,
     "expires_at": 1,
     "sort_key": 1,
     "input_file_id": 1,
@@ -177,9 +178,11 @@ class BatchStore:
         cursor = self._batches.find({"end_recorded": False, "$or": ended}, limit=limit)
         return [BatchDocument.model_validate(doc) async for doc in cursor]
 
-    async def start(self, batch_id: str, model: str | None, total: int) -> bool:
-        """validating -> in_progress, with the model and the number of request lines."""
-        return await self._move(batch_id, "in_progress", {"model": model, "request_counts.total": total})
+    async def start(self, batch_id: str, model: str | None, total: int, prefix_order: bool = False) -> bool:
+        """validating -> in_progress, with the model, the number of request lines and whether a
+        dispatch order was made (``services/api/dispatch/order.py``)."""
+        fields = {"model": model, "request_counts.total": total, "prefix_order": prefix_order}
+        return await self._move(batch_id, "in_progress", fields)
 
     async def fail(self, batch_id: str, errors: Iterable[BatchError]) -> bool:
         """-> failed, with the errors that say why."""

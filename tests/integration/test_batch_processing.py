@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from deploy.local.stack import Stack
+from services.api.dispatch.settings import DispatchSettings
 from services.api.schemas import BatchCreateParams
 from services.api.service.batches import BatchService
 from services.api.service.files import FileService
@@ -72,6 +73,7 @@ async def service(stand_ins: Stack, mongo: Mongo) -> AsyncIterator[tuple[BatchSe
         files,
         emitter,  # type: ignore[arg-type]
         settings,
+        DispatchSettings(),
     )
     yield service, emitter
     await service.shutdown()

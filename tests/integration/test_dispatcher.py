@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -109,6 +110,41 @@ async def create_batch(
         endpoint="/v1/chat/completions",
         completion_window="24h",
         extra_body={"priority": priority},
+    )
+
+
+def shared_prefix_lines(model: str, documents: int, questions: int, seed: int = 5) -> list[dict[str, Any]]:
+    """Chat lines asking ``questions`` questions about each of ``documents`` long documents
+    (~1,500 characters each), shuffled: the custom_id names the document (``doc<d>-q<q>``)."""
+    lines = [
+        {
+            "custom_id": f"doc{d}-q{q}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": model,
+                "messages": [
+                    {"role": "system", "content": "Answer from the document."},
+                    {
+                        "role": "user",
+                        "content": f"Document {d}: " + " ".join(f"w{d}.{i}" for i in range(250)),
+                    },
+                    {"role": "user", "content": f"Question {q}: what does word {q} say?"},
+                ],
+            },
+        }
+        for d in range(documents)
+        for q in range(questions)
+    ]
+    random.Random(seed).shuffle(lines)
+    return lines
+
+
+async def create_from_lines(client: AsyncOpenAI, lines: list[dict[str, Any]], **extra: Any) -> Batch:
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    upload = await client.files.create(file=("in.jsonl", data), purpose="batch")
+    return await client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body=extra
     )
 
 
@@ -238,6 +274,47 @@ async def test_the_dispatcher_meters_the_group_its_workers_joined(client: AsyncO
     done = await wait_terminal(client, batch.id, 120)
     assert done.status == "completed"
     assert every_line_once(await output_ids(client, done), 1_000, prefix="group")
+
+
+async def test_lines_sharing_a_prefix_are_sent_together_to_one_partition(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    """A shuffled file of 8 documents x 4 questions: each document's lines leave together, in one
+    partition (one worker's cache), and the batch says it is sent in prefix order."""
+    lines = shared_prefix_lines(GHOST_MODEL, documents=8, questions=4)
+    async with RequestRecorder(dispatch_stack.kafka_settings(), GHOST_MODEL) as recorder:
+        batch = await create_from_lines(client, lines)
+        assert await recorder.until(lambda: recorder.count(batch.id) >= len(lines), 60), "not all sent"
+    try:
+        shown = await client.batches.retrieve(batch.id)
+        assert (shown.model_extra or {}).get("prefix_order") is True
+        doc_of = {n: line["custom_id"].split("-")[0] for n, line in enumerate(lines, 1)}
+        mine = sorted(
+            (s for s in recorder.order() if s.batch_id == batch.id), key=lambda s: (s.partition, s.offset)
+        )
+        partitions = {
+            doc: {s.partition for s in mine if doc_of[s.line] == doc} for doc in set(doc_of.values())
+        }
+        assert all(len(p) == 1 for p in partitions.values()), partitions
+        sequence = [doc_of[s.line] for s in mine]
+        runs = [d for i, d in enumerate(sequence) if i == 0 or sequence[i - 1] != d]
+        assert sorted(runs) == sorted(set(doc_of.values())), sequence  # one run per document
+        assert len({p for ps in partitions.values() for p in ps}) > 1, "every document on one partition"
+    finally:
+        await client.batches.cancel(batch.id)
+
+
+async def test_a_prefix_ordered_batch_keeps_the_input_order_and_may_opt_out(client: AsyncOpenAI) -> None:
+    lines = shared_prefix_lines(FAKE_MODEL, documents=6, questions=5, seed=11)
+    ordered = await create_from_lines(client, lines)
+    plain = await create_from_lines(client, lines, prefix_order=False)
+    for batch, expected in ((ordered, True), (plain, False)):
+        done = await wait_terminal(client, batch.id, 120)
+        assert done.status == "completed"
+        assert (done.model_extra or {}).get("prefix_order") is expected
+        assert done.output_file_id is not None
+        text = (await client.files.content(done.output_file_id)).text
+        assert [json.loads(row)["custom_id"] for row in text.splitlines()] == [x["custom_id"] for x in lines]
 
 
 async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(

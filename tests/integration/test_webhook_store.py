@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from deploy.local.stack import Stack
+from services.api.dispatch.settings import DispatchSettings
 from services.api.schemas import BatchCreateParams
 from services.api.service.batches import BatchService
 from services.api.service.files import FileService
@@ -158,6 +159,7 @@ async def test_batch_failed_is_recorded_when_recording_failed_once_after_the_mov
         files,
         None,
         settings,  # type: ignore[arg-type]
+        DispatchSettings(),
     )
     try:
         data = b"this is not json\n"

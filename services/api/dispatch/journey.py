@@ -75,6 +75,10 @@ class JourneyBook:
         """Our lines the group has not committed past yet (queued, or running in a worker)."""
         return sum(len(p) for p in self._uncommitted.values())
 
+    def in_topic_by_partition(self) -> dict[int, int]:
+        """``in_topic`` per partition (what a worker has queued or running of ours)."""
+        return {p: len(lines) for p, lines in self._uncommitted.items()}
+
     def committed(self, offsets: dict[int, int], now: float) -> None:
         """The group's committed offset per partition: lines below it have a published result."""
         for partition, committed in offsets.items():

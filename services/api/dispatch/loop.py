@@ -24,9 +24,9 @@ from services.api.dispatch import metrics
 from services.api.dispatch.journey import JourneyBook
 from services.api.dispatch.lease import LeaseStore
 from services.api.dispatch.meter import Backlog, GroupProbe
+from services.api.dispatch.order import Affinity, OrderCursor
 from services.api.dispatch.policy import FairSharePolicy
 from services.api.dispatch.positions import Position, PositionStore
-from services.api.dispatch.reader import InputCursor
 from services.api.dispatch.recovery import Recovery
 from services.api.dispatch.sender import LineSender
 from services.api.dispatch.settings import DispatchSettings
@@ -227,6 +227,7 @@ class Dispatcher:
                     max_backlog=s.max_backlog,
                 ),
                 book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
+                affinity=Affinity(s.affinity_slice_lines, s.affinity_slack_lines),
                 policy=FairSharePolicy(
                     weights=s.weights(),
                     default_weight=s.default_project_weight,
@@ -314,16 +315,20 @@ class Dispatcher:
         )
         pending: list[Sending] = []
         read: list[QueuedState] = []
+        load = state.book.in_topic_by_partition() if self.settings.affinity else {}
         try:
             for grant in state.policy.plan(queue, budget, now):
                 batch = self.batches[grant.batch_id]
-                if batch.cursor is None:
-                    batch.cursor = InputCursor(
-                        self.store, batch.object_key, batch.position.line, batch.position.byte
-                    )
+                cursor = batch.open_cursor(self.store)
                 read.append(batch)
-                for line in await batch.cursor.take(grant.lines):
-                    future = await self.sender.request(state.topic, batch, line)
+                for line in await cursor.take(grant.lines):
+                    partition = None
+                    if self.settings.affinity and isinstance(cursor, OrderCursor):
+                        entry = cursor.placed.get(line.number)
+                        partition = state.affinity.partition(entry, state.partitions, load)
+                        if partition is not None:
+                            load[partition] = load.get(partition, 0) + 1
+                    future = await self.sender.request(state.topic, batch, line, partition)
                     pending.append(Sending(batch, line, future))
             metas = await asyncio.gather(*(p.future for p in pending))
         except Exception:

@@ -81,13 +81,14 @@ async def read_lines(store: ObjectStore, key: str, spans: list[tuple[int, int]])
     return [found[i] for i in range(len(spans))]
 
 
-async def scan(store: ObjectStore, key: str, upto_byte: int) -> AsyncIterator[InputLine]:
-    """Every line that starts before ``upto_byte`` (a takeover's check of earlier lines)."""
+async def scan(store: ObjectStore, key: str, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:
+    """Every request line before line ``upto_line`` at byte ``upto_byte`` (a takeover's check
+    of the lines an earlier dispatcher sent)."""
     cursor = InputCursor(store, key)
     try:
         while cursor.byte < upto_byte and not cursor.exhausted:
             for item in await cursor.take(256):
-                if item.start < upto_byte:
+                if item.start < upto_byte and item.number < upto_line:
                     yield item
     finally:
         await cursor.close()

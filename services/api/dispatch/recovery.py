@@ -13,7 +13,7 @@ import asyncio
 import logging
 
 from services.api.dispatch import metrics
-from services.api.dispatch.reader import InputLine, read_lines, scan
+from services.api.dispatch.reader import InputLine, read_lines
 from services.api.dispatch.sender import LineSender
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import ModelState, QueuedState, Sending
@@ -67,12 +67,8 @@ class Recovery:
         doubt = state.book.due_doubt(batch.batch_id, now)
         if doubt is not None and seen.count_below(doubt.upto_line) < doubt.sent:
             # Some line an earlier dispatcher sent has no result: find which (reads the file).
-            async for item in scan(self.store, batch.object_key, doubt.upto_byte):
-                if (
-                    item.number < doubt.upto_line
-                    and item.number not in seen
-                    and not state.book.tracked(batch.batch_id, item.number)
-                ):
+            async for item in batch.sent_before(self.store, doubt.upto_line, doubt.upto_byte):
+                if item.number not in seen and not state.book.tracked(batch.batch_id, item.number):
                     future = await self.sender.request(state.topic, batch, item)
                     resend.append(Sending(batch, item, future, 2))
         metas = await asyncio.gather(*(s.future for s in resend))

@@ -26,8 +26,11 @@ class LineSender:
         self.producer = producer
         self.results_topic = results_topic(kafka)
 
-    async def request(self, topic: str, batch: QueuedState, line: InputLine) -> asyncio.Future[Any]:
-        """Hand the line's request to the producer; await the future for its acknowledgement."""
+    async def request(
+        self, topic: str, batch: QueuedState, line: InputLine, partition: int | None = None
+    ) -> asyncio.Future[Any]:
+        """Hand the line's request to the producer (to ``partition``, or where the producer
+        puts it); await the future for its acknowledgement."""
         item = parse_raw_line(line.raw)
         message = request_message_json(
             request_id=ids.batch_request_id(),
@@ -39,7 +42,7 @@ class LineSender:
             defaults=batch.defaults_json,
             expires_at=batch.expires_at,
         )
-        return await self.producer.send(topic, message)
+        return await self.producer.send(topic, message, partition=partition)
 
     async def lost(self, batch_id: str, lines: list[SentLine], raws: list[bytes]) -> None:
         """Publish each line's ``line_lost`` error result: the aggregator counts it like any."""

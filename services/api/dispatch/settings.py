@@ -19,6 +19,23 @@ class DispatchSettings(BaseSettings):
         env_prefix="BATCHSTREAM_DISPATCH_", frozen=True, extra="ignore", use_attribute_docstrings=True
     )
 
+    prefix_order: bool = True
+    """Send a batch's lines in its prefix order (``order.py``): lines sharing a long prompt prefix
+    together, so vLLM's prefix cache computes each prefix about once. Off: file order for every
+    batch; a batch may also opt out at create (``prefix_order: false``)."""
+    prefix_min_shared_chars: int = Field(default=256, ge=1)
+    """Lines form a prefix group when their prompts share at least this many characters (about
+    a quarter as many tokens)."""
+    affinity: bool = True
+    """Send a prefix group's lines to one partition of the requests topic (one worker, whose KV
+    cache then holds the prefix), chosen by the prefix's hash, unless that partition holds more
+    than ``affinity_slack_lines`` more lines than the emptiest (then the emptiest)."""
+    affinity_slice_lines: int = Field(default=64, ge=1)
+    """A larger group is cut into slices of this many lines, each placed on its own, so one large
+    group spreads over the workers (each computes the prefix once)."""
+    affinity_slack_lines: int = Field(default=64, ge=0)
+    """How much fuller than the emptiest partition the preferred one may be before a new slice
+    goes elsewhere (no worker idles while another has a queue)."""
     round_lines: int = 512
     """Most lines one dispatch round sends per model."""
     refresh_seconds: float = Field(default=0.25, ge=SHORTEST_TIMER_S)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from services.api.dispatch.journey import JourneyBook, SentLine
 from services.api.dispatch.meter import Backlog
+from services.api.dispatch.order import Affinity, OrderCursor, scan_order
 from services.api.dispatch.policy import FairSharePolicy, QueuedBatch
 from services.api.dispatch.positions import Position
-from services.api.dispatch.reader import InputCursor, InputLine
+from services.api.dispatch.reader import InputCursor, InputLine, scan
 from shared.protocol.messages import SamplingDefaults
+from shared.storage import ObjectStore, dispatch_order_key
 
 
 @dataclass
@@ -30,10 +33,11 @@ class QueuedState:
     object_key: str
     defaults: SamplingDefaults
     position: Position
+    ordered: bool = False  # sent in its dispatch order (order.py), not in file order
     emitted: bool = False
     settled: bool = False  # cancelling, and every line sent came back (dispatch_settled)
     started: bool = False
-    cursor: InputCursor | None = None
+    cursor: InputCursor | OrderCursor | None = None
     dirty: bool = False  # the position moved since it was saved
     saved_at: float = 0.0
 
@@ -51,6 +55,7 @@ class QueuedState:
             object_key=object_key,
             defaults=SamplingDefaults.model_validate(doc.get("defaults") or {}),
             position=position,
+            ordered=bool(doc.get("prefix_order")),
             emitted=bool(doc.get("emitted")),
             started=position.sent > 0,
         )
@@ -78,6 +83,23 @@ class QueuedState:
             order=self.order,
         )
 
+    def open_cursor(self, store: ObjectStore) -> InputCursor | OrderCursor:
+        """The cursor at the batch's position: in its dispatch order, or in file order."""
+        if self.cursor is None:
+            p = self.position
+            self.cursor = (
+                OrderCursor(store, dispatch_order_key(self.batch_id), self.object_key, p.line)
+                if self.ordered
+                else InputCursor(store, self.object_key, p.line, p.byte)
+            )
+        return self.cursor
+
+    def sent_before(self, store: ObjectStore, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:
+        """The lines sent before a position (a takeover's check of an earlier dispatcher's)."""
+        if self.ordered:
+            return scan_order(store, dispatch_order_key(self.batch_id), self.object_key, upto_line)
+        return scan(store, self.object_key, upto_line, upto_byte)
+
     async def close_cursor(self) -> None:
         cursor, self.cursor = self.cursor, None
         if cursor is not None:
@@ -92,6 +114,7 @@ class ModelState:
     backlog: Backlog
     book: JourneyBook
     policy: FairSharePolicy
+    affinity: Affinity
     partitions: int = 0
     metered_at: float = 0.0
     held_at: float | None = None  # last lease renewal; None: not held

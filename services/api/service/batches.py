@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,8 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pymongo.errors import ConnectionFailure
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
+from services.api.dispatch.order import OrderBuilder
+from services.api.dispatch.settings import DispatchSettings
 from services.api.schemas import BatchCreateParams
 from services.api.service.announcer import ControlAnnouncer
 from services.api.service.files import FileService, page
@@ -27,7 +30,7 @@ from shared.protocol.messages import ControlMessage
 from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
-from shared.storage import ObjectStore
+from shared.storage import ObjectStore, dispatch_order_key
 from shared.stores.batches import BatchStore
 from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
@@ -80,6 +83,7 @@ class BatchService:
         files: FileService,
         announcer: ControlAnnouncer,
         settings: ApiSettings,
+        dispatch: DispatchSettings,
     ) -> None:
         self.batches = batches
         self.models = models
@@ -87,6 +91,7 @@ class BatchService:
         self.files = files
         self.announcer = announcer
         self.settings = settings
+        self.dispatch = dispatch
         self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
@@ -135,6 +140,7 @@ class BatchService:
                 params.output_expires_after.model_dump() if params.output_expires_after else None
             ),
             priority=params.priority or 0,
+            prefix_order=self.dispatch.prefix_order and params.prefix_order is not False,
         )
         await self.batches.insert(batch)
         self.start_processing(batch, input_file)
@@ -277,6 +283,8 @@ class BatchService:
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
         )
+        order = OrderBuilder(self.dispatch.prefix_min_shared_chars) if batch.prefix_order else None
+        validator.order = order
         report = await validator.run(request_lines(self.store.iter_chunks(input_file.object_key)))
         if not report.ok:
             await self._fail(batch, report.errors)
@@ -285,12 +293,35 @@ class BatchService:
                 extra={"batch_id": batch.id, "errors": report.error_count},
             )
             return None
-        if not await self.batches.start(batch.id, report.model, report.lines):
+        ordered = order is not None and await self._save_order(batch.id, order)
+        if not await self.batches.start(batch.id, report.model, report.lines, prefix_order=ordered):
             return None  # cancelled (or ended) meanwhile
         counts = batch.request_counts.model_copy(update={"total": report.lines})
         return batch.model_copy(
-            update={"status": "in_progress", "model": report.model, "request_counts": counts}
+            update={
+                "status": "in_progress",
+                "model": report.model,
+                "request_counts": counts,
+                "prefix_order": ordered,
+            }
         )
+
+    async def _save_order(self, batch_id: str, order: OrderBuilder) -> bool:
+        """Write the batch's dispatch order beside its input; False when it would be the file's
+        own order (no line shares a long prefix): the dispatcher then reads the file in order."""
+        if order.stats.lines == 0:
+            return False
+        with tempfile.NamedTemporaryFile(prefix="order-", suffix=".bin") as out:
+            stats = await asyncio.to_thread(order.write, out)
+            if stats.groups == 0:
+                return False
+            out.flush()
+            await self.store.put_file(dispatch_order_key(batch_id), out.name)
+        log.info(
+            "dispatch order made",
+            extra={"batch_id": batch_id, "groups": stats.groups, "grouped_lines": stats.grouped},
+        )
+        return True
 
     async def _fail(self, batch: BatchDocument, errors: list[BatchError]) -> None:
         await self.batches.fail(batch.id, errors)

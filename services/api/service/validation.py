@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from services.api.dispatch.order import OrderBuilder, prompt_text
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
@@ -38,6 +39,7 @@ class InputValidator:
     known_models: Mapping[str, int | None]  # model id -> its max context length, if known
     max_lines: int
     max_reported_errors: int
+    order: OrderBuilder | None = None  # fed each line's prompt prefix (the dispatch order)
     _custom_ids: set[str] = field(default_factory=set)
     _report: ValidationReport = field(default_factory=ValidationReport)
 
@@ -45,7 +47,9 @@ class InputValidator:
         """Check the file's request lines (``shared.input_lines.request_lines``)."""
         async for line in lines:
             self._report.lines += 1
-            self._check_line(line.number, line.raw)
+            body = self._check_line(line.number, line.raw)
+            if self.order is not None:
+                self.order.add(line, prompt_text(self.endpoint, body) if body is not None else None)
         if self._report.lines == 0:
             self._error(None, "empty_file", "The input file has no request lines.")
         elif self._report.lines > self.max_lines:
@@ -61,24 +65,27 @@ class InputValidator:
         if len(self._report.errors) < self.max_reported_errors:
             self._report.errors.append(BatchError(code=code, message=message, param=param, line=line))
 
-    def _check_line(self, number: int, raw: bytes) -> None:
+    def _check_line(self, number: int, raw: bytes) -> dict[str, Any] | None:
+        """Check one line; returns its body when it has one (valid or not)."""
         # orjson, strict where json.loads is lenient: UTF-8 only (json.loads guesses UTF-16 from the
         # bytes), no lone surrogate escapes (valid to json.loads, not encodable for Kafka).
         try:
             item = orjson.loads(raw.removeprefix(UTF8_BOM) if number == 1 else raw)
         except Exception:  # not only decoding errors: any line the parser refuses is this line's
             self._error(number, "invalid_json_line", "This line is not valid UTF-8 JSON.")
-            return
+            return None
         if not isinstance(item, dict):
             self._error(number, "invalid_json_line", "Each line must be a JSON object.")
-            return
+            return None
         try:  # what parses must also serialise: the request message carries the body on
             orjson.dumps(item)
         except orjson.JSONEncodeError:
             self._error(number, "invalid_request", "This line is nested too deeply to be sent on.", "body")
-            return
-        if self._check_envelope(number, item):
-            self._check_body(number, item["body"])
+            return None
+        if not self._check_envelope(number, item):
+            return None
+        self._check_body(number, item["body"])
+        return item["body"]  # type: ignore[no-any-return]
 
     def _check_envelope(self, number: int, item: dict[str, Any]) -> bool:
         """Check custom_id, method, url and body; True when the body can be looked into."""

@@ -43,7 +43,7 @@ async def test_lines_keep_the_files_numbering_and_byte_offsets_across_blank_line
 
 async def test_a_scan_returns_the_lines_before_a_position() -> None:
     upto = DATA.index(b'{"n":4}')
-    found: list[Any] = [i.number async for i in scan(store(), "k", upto)]
+    found: list[Any] = [i.number async for i in scan(store(), "k", 4, upto)]
     assert found == [1, 3]
 
 

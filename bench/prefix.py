@@ -1,0 +1,270 @@
+"""Prefix order: a shuffled shared-prefix file through ``vllm run-batch`` and through the stack.
+
+``python -m bench --only prefix [--input FILE] [--kv-cache-blocks N]``. Without ``--input`` it
+makes two shared-prefix workloads, shuffled: documents x questions, and few-shot templates x
+inputs. With ``--input`` it takes any chat-completions JSONL file as given (``body.model``
+replaced by the benchmark's model). Both sides run the same model with the same engine settings
+(prefix caching on, as vLLM's default; the KV cache sized alike by ``num_gpu_blocks_override``);
+rounds alternate which goes first.
+
+Figures per side: output tokens/s (timed as in ``parity.py``), the prefix-cache hit rate
+(``cached_tokens`` over prompt tokens, summed over the output file's ``usage``) and the prefill
+tokens computed (prompt tokens minus cached). The ideal is each distinct prefix computed once:
+the prompts' token ids (the model's own tokenizer and chat template) in a trie, counted in whole
+KV blocks as vLLM caches them. The last line is ``prefix: X.XXx run-batch``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from openai import OpenAI
+
+from bench.common import MongoPoller, median, new_stack, start_stack, table
+from bench.parity import engine_env, run_batch_once
+from deploy.local import ModelSpec
+
+SERVED_NAME = "prefix-model"
+WORDS = "river stone lamp market clock storm bread field letter window garden tower".split()
+
+
+def documents_lines(documents: int, questions: int, doc_words: int, max_tokens: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for d in range(documents):
+        text = " ".join(rng.choice(WORDS) + str(rng.randrange(100)) for _ in range(doc_words))
+        for q in range(questions):
+            lines.append(
+                _chat(
+                    f"doc{d}-q{q}",
+                    [
+                        {"role": "system", "content": "Answer the question from the document, briefly."},
+                        {
+                            "role": "user",
+                            "content": f"Document {d}:\n{text}\n\nQuestion {q}: what is word {q}?",
+                        },
+                    ],
+                    max_tokens,
+                )
+            )
+    rng.shuffle(lines)
+    return lines
+
+
+def fewshot_lines(templates: int, inputs: int, shots: int, max_tokens: int, seed: int) -> list[str]:
+    rng = random.Random(seed + 1)
+    lines = []
+    for t in range(templates):
+        examples = []
+        for s in range(shots):
+            words = " ".join(rng.choice(WORDS) for _ in range(24))
+            examples += [
+                {"role": "user", "content": f"Task {t} example {s}: {words}"},
+                {"role": "assistant", "content": f"Label {rng.randrange(5)}"},
+            ]
+        for i in range(inputs):
+            words = " ".join(rng.choice(WORDS) for _ in range(12))
+            messages = [{"role": "system", "content": f"Label each text for task {t}."}, *examples]
+            messages.append({"role": "user", "content": f"Input {i}: {words}"})
+            lines.append(_chat(f"tpl{t}-in{i}", messages, max_tokens))
+    rng.shuffle(lines)
+    return lines
+
+
+def _chat(custom_id: str, messages: list[dict[str, str]], max_tokens: int) -> str:
+    body = {"model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+
+def given_lines(path: str) -> list[str]:
+    lines = []
+    for raw in Path(path).read_text().splitlines():
+        if raw.strip():
+            item = json.loads(raw)
+            item.setdefault("body", {})["model"] = SERVED_NAME
+            lines.append(json.dumps(item))
+    return lines
+
+
+IDEAL_SCRIPT = r"""
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+block = int(sys.argv[3])
+seqs = []
+for raw in open(sys.argv[2]):
+    if raw.strip():
+        body = json.loads(raw)["body"]
+        ids = tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True)
+        seqs.append(tuple(ids))
+seqs.sort()
+ideal = total = 0
+previous = ()
+for seq in seqs:
+    shared = 0
+    for a, b in zip(previous, seq):
+        if a != b:
+            break
+        shared += 1
+    ideal += len(seq) - (shared // block) * block
+    total += len(seq)
+    previous = seq
+print(json.dumps({"prompt_tokens": total, "ideal_computed": ideal}))
+"""
+
+
+def ideal(python: str, model_dir: str, input_path: Path, block: int) -> dict[str, int]:
+    """Prompt tokens and the prefill tokens of each distinct prefix computed once (whole blocks)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run(
+        [python, "-c", IDEAL_SCRIPT, model_dir, str(input_path), str(block)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def cache_figures(lines: list[dict[str, Any]]) -> dict[str, float]:
+    prompt = cached = 0
+    for line in lines:
+        usage = ((line.get("response") or {}).get("body") or {}).get("usage") or {}
+        prompt += int(usage.get("prompt_tokens") or 0)
+        cached += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return {
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "computed": prompt - cached,
+        "hit_rate": cached / max(1, prompt),
+    }
+
+
+def stack_once(client: OpenAI, poller: MongoPoller, input_path: Path) -> dict[str, Any]:
+    upload = client.files.create(file=("prefix.jsonl", input_path.read_bytes()), purpose="batch")
+    created_at = time.time()
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    trace = poller.wait(batch.id, timeout_s=3600)
+    if trace.doc.get("status") != "completed":
+        raise RuntimeError(f"batch ended {trace.doc.get('status')}: {trace.doc.get('errors')}")
+    timed = trace.status_at["completed"] - created_at
+    lines = [json.loads(x) for x in client.files.content(trace.doc["output_file_id"]).text.splitlines() if x]
+    tokens = sum(
+        int((((x.get("response") or {}).get("body") or {}).get("usage") or {}).get("completion_tokens") or 0)
+        for x in lines
+    )
+    return {
+        "system": "batchstream",
+        "timed_s": timed,
+        "output_tokens": tokens,
+        "tokens_per_s": tokens / timed,
+    } | cache_figures(lines)
+
+
+def run_batch_side(args: Any, input_path: Path, work: Path) -> dict[str, Any]:
+    result = run_batch_once(args.inference_python, args.model_dir, input_path, work, args, {})
+    result.pop("_texts", None)
+    output = sorted(work.glob("run-batch-*.jsonl"))[-1]
+    lines = [json.loads(x) for x in output.read_text().splitlines() if x.strip()]
+    return result | cache_figures(lines)
+
+
+def run(args: Any) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="batchstream-prefix-"))
+    input_path = work / "in.jsonl"
+    if args.input:
+        lines = given_lines(args.input)
+        workload = f"{args.input} ({len(lines)} lines)"
+    else:
+        lines = documents_lines(
+            args.prefix_documents, args.prefix_questions, args.prefix_doc_words, 8, seed=1
+        )
+        lines += fewshot_lines(args.prefix_templates, args.prefix_inputs, 6, 8, seed=1)
+        random.Random(2).shuffle(lines)
+        workload = (
+            f"{args.prefix_documents} documents x {args.prefix_questions} questions + "
+            f"{args.prefix_templates} few-shot templates x {args.prefix_inputs} inputs, shuffled"
+        )
+    input_path.write_text("\n".join(lines) + "\n")
+    best = ideal(args.inference_python, args.model_dir, input_path, args.kv_block_tokens)
+    engine = {
+        "BATCHSTREAM_INFERENCE_MAX_NUM_SEQS": str(args.max_num_seqs),
+        "BATCHSTREAM_INFERENCE_MAX_MODEL_LEN": str(args.max_model_len),
+        "BATCHSTREAM_INFERENCE_DTYPE": "auto",
+        "BATCHSTREAM_INFERENCE_KV_CACHE_BLOCKS": str(args.kv_cache_blocks),
+    }
+    os.environ.update(engine_env(args.kv_cache_gib))
+    args.run_batch_extra = ["--enable-prompt-tokens-details"] + (
+        ["--num-gpu-blocks-override", str(args.kv_cache_blocks)] if args.kv_cache_blocks else []
+    )
+    stack = new_stack(
+        [ModelSpec(args.model_dir, SERVED_NAME)], inference_python=args.inference_python, **engine, **args.env
+    )
+    rounds: list[dict[str, Any]] = []
+    try:
+        print(f"prefix: {workload}; starting the stack ...", flush=True)
+        start_stack(stack)
+        client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
+        poller = MongoPoller(stack)
+        try:
+            for r in range(args.prefix_rounds):
+                for system in ["run-batch", "batchstream"] if r % 2 == 0 else ["batchstream", "run-batch"]:
+                    print(f"prefix: round {r + 1}/{args.prefix_rounds}: {system} ...", flush=True)
+                    if system == "run-batch":
+                        result = run_batch_side(args, input_path, work)
+                    else:
+                        result = stack_once(client, poller, input_path)
+                    rounds.append(result | {"round": r + 1})
+        finally:
+            poller.close()
+    finally:
+        stack.stop()
+
+    def med(system: str, key: str) -> float:
+        return median(x[key] for x in rounds if x["system"] == system)
+
+    ratio = med("batchstream", "tokens_per_s") / med("run-batch", "tokens_per_s")
+    print()
+    print(
+        table(
+            f"Prefix order: {workload}; KV cache {args.kv_cache_blocks or 'default'} blocks, "
+            f"max_num_seqs={args.max_num_seqs}",
+            ["round", "system", "timed s", "tok/s", "hit rate", "prefill computed", "prompt tokens"],
+            [
+                [
+                    x["round"],
+                    x["system"],
+                    x["timed_s"],
+                    x["tokens_per_s"],
+                    x["hit_rate"],
+                    x["computed"],
+                    x["prompt_tokens"],
+                ]
+                for x in rounds
+            ],
+        )
+    )
+    print(
+        f"ideal (each distinct prefix computed once, {args.kv_block_tokens}-token blocks): "
+        f"{best['ideal_computed']:,} of {best['prompt_tokens']:,} prompt tokens; computed/ideal: "
+        f"run-batch {med('run-batch', 'computed') / max(1, best['ideal_computed']):.2f}x, "
+        f"batchstream {med('batchstream', 'computed') / max(1, best['ideal_computed']):.2f}x"
+    )
+    print(f"prefix: {ratio:.2f}x run-batch")
+    return {
+        "workload": workload,
+        "ideal": best,
+        "rounds": rounds,
+        "ratio": ratio,
+        "kv_cache_blocks": args.kv_cache_blocks,
+    }

@@ -1,0 +1,120 @@
+"""The dispatch order: lines sharing a long prompt prefix together, the rest in file order."""
+
+from __future__ import annotations
+
+import io
+import random
+
+from services.api.dispatch.order import (
+    RECORD,
+    Affinity,
+    OrderBuilder,
+    OrderEntry,
+    prefix_key,
+    prompt_text,
+    read_entries,
+    shared_blocks,
+)
+from shared.input_lines import InputLine
+
+DOCS = [f"Document {d}: " + " ".join(f"w{d}x{i}" for i in range(120)) for d in range(6)]
+
+
+def chat(system: str, user: str) -> dict[str, object]:
+    return {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
+
+
+def build(texts: list[str | None], run_lines: int = 10_000) -> list[OrderEntry]:
+    builder = OrderBuilder(min_shared_chars=256, run_lines=run_lines)
+    start = 0
+    for number, text in enumerate(texts, 1):
+        raw = (text or "").encode()
+        builder.add(InputLine(number, start, raw), text)
+        start += len(raw) + 1
+    out = io.BytesIO()
+    builder.write(out)
+    assert len(out.getvalue()) == RECORD.size * len(texts)
+    return read_entries(out.getvalue())
+
+
+def shuffled_questions(seed: int = 7) -> list[str]:
+    lines = [f"{doc}\nQuestion {q}: what about {q}?" for doc in DOCS for q in range(5)]
+    random.Random(seed).shuffle(lines)
+    return lines
+
+
+def test_lines_of_one_document_are_sent_together_and_every_line_once() -> None:
+    texts = shuffled_questions()
+    entries = build(texts)
+    assert sorted(e.number for e in entries) == list(range(1, len(texts) + 1))
+    docs = [texts[e.number - 1].split(":")[0] for e in entries]
+    runs = [d for i, d in enumerate(docs) if i == 0 or docs[i - 1] != d]
+    assert len(runs) == len(DOCS), docs  # each document's lines form one run
+    groups = {e.group for e in entries}
+    assert len(groups) == len(DOCS) and 0 not in groups
+    by_doc = {texts[e.number - 1].split(":")[0]: e.group for e in entries}
+    assert len(set(by_doc.values())) == len(DOCS)
+    for doc_group in groups:
+        assert sorted(e.rank for e in entries if e.group == doc_group) == list(range(5))
+
+
+def test_groups_go_by_their_first_line_and_unshared_lines_keep_their_place() -> None:
+    texts: list[str | None] = list(shuffled_questions())
+    texts.insert(0, "a short line of its own")
+    texts.insert(10, None)  # a body without a prompt (e.g. an embedding)
+    entries = build(texts)
+    assert entries[0].number == 1 and entries[0].group == 0
+    firsts = []
+    for e in entries:
+        if e.group and (not firsts or firsts[-1][0] != e.group):
+            firsts.append((e.group, min(x.number for x in entries if x.group == e.group)))
+    assert [f for _, f in firsts] == sorted(f for _, f in firsts)
+    lone = next(i for i, e in enumerate(entries) if e.number == 11)
+    before = {e.number for e in entries[:lone]}
+    assert set(range(1, 11)) <= before, "a lone line goes after every line above it in the file"
+
+
+def test_a_file_without_shared_prefixes_keeps_file_order() -> None:
+    texts = [f"say req-{n}" for n in range(1, 200)]
+    entries = build(texts)
+    assert [e.number for e in entries] == list(range(1, 200))
+    assert {e.group for e in entries} == {0}
+
+
+def test_the_external_sort_gives_the_same_order_as_in_memory() -> None:
+    texts = shuffled_questions(seed=3)
+    assert build(texts, run_lines=4) == build(texts)
+
+
+def test_the_same_prefix_has_the_same_group_in_any_batch() -> None:
+    first = {e.group for e in build(shuffled_questions(seed=1)[:12])} - {0}  # a lone line: none
+    assert first
+    second = {e.group for e in build(shuffled_questions(seed=2))}
+    assert first <= second
+
+
+def test_prompt_text_follows_the_rendered_order() -> None:
+    a = prompt_text("/v1/chat/completions", chat("You are terse." * 30, "Q1"))
+    b = prompt_text("/v1/chat/completions", chat("You are terse." * 30, "Q2"))
+    assert a is not None and b is not None
+    assert shared_blocks(prefix_key(a), prefix_key(b)) >= 6
+    assert prompt_text("/v1/embeddings", {"input": "x"}) is None
+    assert prompt_text("/v1/completions", {"prompt": "abc"}) == "abc"
+
+
+def test_affinity_keeps_a_slice_on_its_partition_and_spills_when_full() -> None:
+    affinity = Affinity(slice_lines=4, slack_lines=2)
+    entry = OrderEntry(start=0, length=1, number=1, group=12345, rank=0)
+    home = affinity.partition(entry, 4, {})
+    assert home is not None
+    again = OrderEntry(start=0, length=1, number=2, group=12345, rank=3)
+    assert affinity.partition(again, 4, {home: 100}) == home  # a slice stays where it began
+    fresh = Affinity(slice_lines=4, slack_lines=2)
+    emptiest = (home + 1) % 4
+    load = {p: 50 for p in range(4)} | {emptiest: 0}
+    assert fresh.partition(entry, 4, load) == emptiest  # the home partition is far fuller
+    assert affinity.partition(OrderEntry(0, 1, 3, 0, 0), 4, {}) is None  # no group: anywhere
+    assert affinity.partition(entry, 1, {}) is None
