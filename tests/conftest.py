@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.local import Stack, free_ports
-from tests.integration.real_servers import servers_for_tests
+from tests.support.real_servers import servers_for_tests
 
 SESSION_ID = uuid.uuid4().hex[:8]  # names this session's topics, database and bucket
 
