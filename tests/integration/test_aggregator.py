@@ -35,9 +35,8 @@ from shared.result_chunks import encode_chunk
 from shared.settings import KafkaSettings, MongoSettings
 from shared.storage import ObjectStore, file_key, result_chunk_prefix
 from shared.topics import results_topic
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.metrics import metric_value
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import eventually
 
 AGGREGATOR_ENV = {

@@ -31,9 +31,8 @@ from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
 from shared.settings import MongoSettings
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.lines import chat_line, parse_jsonl
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import TERMINAL, eventually
 
 pytestmark = pytest.mark.e2e

@@ -27,9 +27,8 @@ from pymongo import MongoClient
 
 from deploy.local import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.request_recorder import RequestRecorder, Sent
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

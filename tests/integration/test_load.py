@@ -22,9 +22,8 @@ import pytest
 
 from deploy.local import ModelSpec, Stack
 from tests.integration.api.corpus import dump, line
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.http_batches import create_batch
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.load]
 MODEL = "corpus-fake"

@@ -25,8 +25,8 @@ from pymongo import MongoClient
 
 from deploy.local import STAND_INS, ModelSpec, Stack, free_ports
 from tests.integration.api.corpus import CHAT, dump, line
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.http_batches import create_batch
+from tests.support.stacks import FAKE_STACK_ENV
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

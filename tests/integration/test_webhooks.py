@@ -23,8 +23,8 @@ from pymongo import MongoClient
 from deploy.local import ModelSpec, Stack, free_port
 from shared.settings import ApiSettings
 from tests.integration.api.corpus import dump, line
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.http_batches import create_batch
+from tests.support.stacks import FAKE_STACK_ENV
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

@@ -28,8 +28,7 @@ from tests.integration.api.corpus import (
     dump,
     line,
 )
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
