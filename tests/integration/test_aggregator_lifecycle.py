@@ -33,7 +33,7 @@ from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
 from tests.support.lines import chat_line, parse_jsonl
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
-from tests.support.waiting import TERMINAL, eventually
+from tests.support.waiting import TERMINAL, eventually, wait_status_async
 
 pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-fast"
@@ -106,16 +106,6 @@ async def create_batch(client: AsyncOpenAI, model: str, lines: list[str]) -> Bat
         return batch if batch.status == "in_progress" else None
 
     return await eventually(running, 60, f"{created.id} in_progress")
-
-
-async def wait_status(client: AsyncOpenAI, batch_id: str, status: str, timeout_s: float) -> Batch:
-    async def probe() -> Batch | None:
-        batch = await client.batches.retrieve(batch_id)
-        if batch.status in TERMINAL and batch.status != status:
-            raise AssertionError(f"{batch_id} ended {batch.status}, expected {status}")
-        return batch if batch.status == status else None
-
-    return await eventually(probe, timeout_s, f"{batch_id} {status}")
 
 
 async def wait_done(client: AsyncOpenAI, batch_id: str, done: int, timeout_s: float = 30) -> Batch:
@@ -266,7 +256,7 @@ async def test_sigkill_mid_batch_duplicates_and_late_results(
     await publish(fast_stack, producer, results[1500:] + results[:100] + results[-50:])
     restarted = time.monotonic()
     await asyncio.to_thread(fast_stack.start, ["aggregator"])
-    done = await wait_status(client, batch.id, "completed", 120)
+    done = await wait_status_async(client, batch.id, {"completed"}, 120)
     print(f"\nrestarted aggregator completed the batch {time.monotonic() - restarted:.1f}s after restart")
 
     assert done.request_counts is not None
@@ -307,7 +297,7 @@ async def test_batch_expires_with_no_worker_alive(
     assert batch.request_counts is not None and batch.request_counts.total == 40
     await mongo.batches.update_one({"_id": batch.id}, {"$set": {"expires_at": int(time.time()) - 1}})
 
-    expired = await wait_status(client, batch.id, "expired", 30)
+    expired = await wait_status_async(client, batch.id, {"expired"}, 30)
     assert expired.expired_at and expired.completed_at is None
     assert expired.request_counts is not None
     assert (
@@ -369,7 +359,7 @@ async def test_cancelled_batch_keeps_partial_output(
         for i in range(15, 20)
     ]
     await publish(fast_stack, producer, answered)
-    cancelled = await wait_status(client, batch.id, "cancelled", CANCEL_TIMEOUT_S + 30)
+    cancelled = await wait_status_async(client, batch.id, {"cancelled"}, CANCEL_TIMEOUT_S + 30)
     assert cancelled.cancelled_at and cancelled.cancelling_at
     assert cancelled.cancelled_at >= cancelled.cancelling_at + CANCEL_TIMEOUT_S - 1
     assert cancelled.request_counts is not None

@@ -29,12 +29,11 @@ from deploy.local import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
 from tests.support.request_recorder import RequestRecorder, Sent
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
-from tests.support.waiting import eventually
+from tests.support.waiting import TERMINAL, eventually, wait_terminal_async
 
 pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-dispatch"
 GHOST_MODEL = "ghost-dispatch"
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 FAKE = ModelSpec("", FAKE_MODEL, engine="fake")
 
 
@@ -106,14 +105,6 @@ async def create_batch(
         completion_window="24h",
         extra_body={"priority": priority},
     )
-
-
-async def wait_terminal(client: AsyncOpenAI, batch_id: str, timeout_s: float = 120) -> Batch:
-    async def probe() -> Batch | None:
-        batch = await client.batches.retrieve(batch_id)
-        return batch if batch.status in TERMINAL else None
-
-    return await eventually(probe, timeout_s, f"{batch_id} terminal", interval_s=0.1)
 
 
 async def output_ids(client: AsyncOpenAI, batch: Batch) -> list[str]:
@@ -196,7 +187,7 @@ async def test_a_small_batch_created_behind_a_big_one_completes_first(client: As
         assert any(line.startswith(f'{name}{{model="{FAKE_MODEL}"}}') for line in metrics), name
     started = time.monotonic()
     small = await create_batch(client, FAKE_MODEL, 10, prefix="small")
-    small_done = await wait_terminal(client, small.id, 60)
+    small_done = await wait_terminal_async(client, small.id, 60)
     small_s = time.monotonic() - started
     big_then = await client.batches.retrieve(big.id)
 
@@ -204,7 +195,7 @@ async def test_a_small_batch_created_behind_a_big_one_completes_first(client: As
     assert big_then.status not in TERMINAL, f"the big batch ended first ({small_s:.1f}s)"
     assert big_then.request_counts is not None and big_then.request_counts.completed < 15_000
     print(f"\nsmall batch behind a 15,000-line batch: {small_s:.2f}s")
-    big_done = await wait_terminal(client, big.id, 300)
+    big_done = await wait_terminal_async(client, big.id, 300)
     assert big_done.status == "completed"
     assert every_line_once(await output_ids(client, big_done), 15_000, prefix="big")
 
@@ -213,7 +204,9 @@ async def test_an_idle_dispatcher_rests_between_rounds(client: AsyncOpenAI) -> N
     """Once its batches have ended, the dispatcher wakes a few times a second (each refresh, and
     this stack's position and lease timers: 0.2-0.5 s), not in a loop that never rests (an api
     burning a core while nothing is queued)."""
-    done = await wait_terminal(client, (await create_batch(client, FAKE_MODEL, 10, prefix="idle")).id, 60)
+    done = await wait_terminal_async(
+        client, (await create_batch(client, FAKE_MODEL, 10, prefix="idle")).id, 60
+    )
     assert done.status == "completed"
     queued = [m for m in await _metrics(client) if m.startswith("batchstream_dispatch_queued_lines{")]
     assert all(float(m.split()[-1]) == 0 for m in queued), f"an earlier test left lines queued: {queued}"
@@ -238,7 +231,7 @@ async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(
     assert killed_at < total, "the batch was wholly dispatched before the kill"
     await asyncio.to_thread(dispatch_stack.start, ["api"])
 
-    done = await wait_terminal(client, batch.id, 300)
+    done = await wait_terminal_async(client, batch.id, 300)
     assert done.status == "completed"
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
@@ -263,7 +256,7 @@ async def test_results_dropped_between_worker_and_aggregator_are_sent_again(
     assert swallowed, "the black hole did not swallow the batch"
     await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
 
-    done = await wait_terminal(client, batch.id, 120)
+    done = await wait_terminal_async(client, batch.id, 120)
     assert done.status == "completed"
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
@@ -304,7 +297,7 @@ async def test_two_api_replicas_dispatch_through_one_and_hand_over(
         survivor_client = AsyncOpenAI(
             base_url=f"{survivor}/v1", api_key=dispatch_stack.api_key, max_retries=8
         )
-        done = await wait_terminal(survivor_client, batch.id, 300)
+        done = await wait_terminal_async(survivor_client, batch.id, 300)
         assert done.status == "completed"
         assert every_line_once(await output_ids(survivor_client, done), total, prefix="rep")
         await survivor_client.close()
@@ -322,7 +315,7 @@ async def test_a_cancel_sends_no_further_lines(dispatch_stack: Stack, client: As
     await client.batches.cancel(batch.id)
     at_cancel = await count_requests(dispatch_stack, FAKE_MODEL, batch.id)
 
-    done = await wait_terminal(client, batch.id, 60)
+    done = await wait_terminal_async(client, batch.id, 60)
     assert done.status == "cancelled"
     final = await count_requests(dispatch_stack, FAKE_MODEL, batch.id)
     # At most the round under way when the cancel was read; the rest never left object storage.

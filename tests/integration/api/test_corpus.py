@@ -28,11 +28,10 @@ from tests.integration.api.corpus import (
     dump,
     line,
 )
+from tests.support.http_batches import wait_http_terminal
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +77,6 @@ def upload(api: httpx.Client, keys: dict[str, str], data: bytes, purpose: str = 
     )
     assert response.status_code == 200, response.text
     return str(response.json()["id"])
-
-
-def wait_terminal(api: httpx.Client, keys: dict[str, str], batch_id: str, timeout_s: float) -> dict[str, Any]:
-    def terminal() -> dict[str, Any] | None:
-        batch = api.get(f"/v1/batches/{batch_id}", headers=auth(keys, "own")).json()
-        return batch if batch["status"] in TERMINAL else None
-
-    return wait_until(terminal, timeout_s, f"batch {batch_id} to end", interval_s=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +143,7 @@ def test_a_malformed_input_file_fails_its_batch_with_its_line_errors(
         json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
     )
     assert created.status_code == 200, created.text
-    batch = wait_terminal(api, keys, created.json()["id"], case.timeout_s)
+    batch = wait_http_terminal(api, created.json()["id"], case.timeout_s, headers=auth(keys, "own"))
     if case.codes is None:
         assert batch["status"] == "completed", batch
         counts = batch["request_counts"]
@@ -174,7 +165,7 @@ def test_after_the_corpus_the_same_api_is_healthy_and_completes_a_batch(
         headers=auth(keys, "own"),
         json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
     )
-    batch = wait_terminal(api, keys, created.json()["id"], 60)
+    batch = wait_http_terminal(api, created.json()["id"], 60, headers=auth(keys, "own"))
     assert batch["status"] == "completed", batch
     assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
     output = api.get(f"/v1/files/{batch['output_file_id']}/content", headers=auth(keys, "own")).text
