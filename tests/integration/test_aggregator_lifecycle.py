@@ -31,7 +31,7 @@ from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
 from shared.settings import MongoSettings
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
-from tests.support.lines import chat_line, parse_jsonl
+from tests.support.lines import chat_line, parse_jsonl, read_lines_async
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import TERMINAL, eventually, wait_status_async
 
@@ -115,13 +115,6 @@ async def wait_done(client: AsyncOpenAI, batch_id: str, done: int, timeout_s: fl
         return batch if counts and counts.completed + counts.failed >= done else None
 
     return await eventually(probe, timeout_s, f"{batch_id} {done} lines counted")
-
-
-async def read_lines(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    content = await client.files.content(file_id)
-    return parse_jsonl(content.text)
 
 
 def result(batch_id: str, line: int, custom_id: str, status: int = 200) -> ResultMessage:
@@ -222,7 +215,7 @@ async def test_20000_lines_exact_counts_flat_memory_and_live_counts(
     intermediate = [c for c in seen_completed if 0 < c < total]
     assert len(intermediate) >= 2, seen_completed
     assert seen_completed == sorted(seen_completed)  # never goes down
-    output = await read_lines(client, batch.output_file_id)
+    output = await read_lines_async(client, batch.output_file_id)
     assert sorted(x["custom_id"] for x in output) == sorted(ids)
     usage = batch.usage
     assert usage is not None and usage.input_tokens > 0 and usage.output_tokens == total
@@ -265,9 +258,9 @@ async def test_sigkill_mid_batch_duplicates_and_late_results(
         2970,
         30,
     )
-    output = await read_lines(client, done.output_file_id)
+    output = await read_lines_async(client, done.output_file_id)
     assert [x["custom_id"] for x in output] == [i for n, i in enumerate(ids, 1) if n % 100]
-    errors = await read_lines(client, done.error_file_id)
+    errors = await read_lines_async(client, done.error_file_id)
     assert [x["custom_id"] for x in errors] == [i for n, i in enumerate(ids, 1) if n % 100 == 0]
     assert done.usage is not None and done.usage.total_tokens == 5 * 2970
 
@@ -310,7 +303,7 @@ async def test_batch_expires_with_no_worker_alive(
         40,
     )
     assert expired.output_file_id is None and expired.error_file_id
-    errors = await read_lines(client, expired.error_file_id)
+    errors = await read_lines_async(client, expired.error_file_id)
     assert [x["custom_id"] for x in errors] == ids
     assert all(x["response"] is None and x["error"]["code"] == "batch_expired" for x in errors)
     assert len({x["id"] for x in errors}) == 40
@@ -368,9 +361,9 @@ async def test_cancelled_batch_keeps_partial_output(
         cancelled.request_counts.completed,
         cancelled.request_counts.failed,
     ) == (40, 14, 26)
-    output = await read_lines(client, cancelled.output_file_id)
+    output = await read_lines_async(client, cancelled.output_file_id)
     assert [x["custom_id"] for x in output] == [ids[i] for i in range(15) if i != 3]
-    errors = await read_lines(client, cancelled.error_file_id)
+    errors = await read_lines_async(client, cancelled.error_file_id)
     assert [x["custom_id"] for x in errors] == [ids[3], *ids[15:]]
     assert errors[0]["response"]["status_code"] == 400
     assert [x["error"]["message"] for x in errors[1:6]] == ["cancelled by the worker"] * 5

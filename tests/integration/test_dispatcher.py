@@ -27,6 +27,7 @@ from pymongo import MongoClient
 
 from deploy.local import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
+from tests.support.lines import chat_line
 from tests.support.request_recorder import RequestRecorder, Sent
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import TERMINAL, eventually, wait_terminal_async
@@ -81,17 +82,6 @@ async def client(dispatch_stack: Stack) -> AsyncIterator[AsyncOpenAI]:
 
 
 # --- helpers
-
-
-def chat_line(custom_id: str, model: str) -> str:
-    return json.dumps(
-        {
-            "custom_id": custom_id,
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}]},
-        }
-    )
 
 
 async def create_batch(

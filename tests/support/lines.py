@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
 CHAT = "/v1/chat/completions"
 
@@ -46,3 +46,8 @@ def parse_jsonl(text: str) -> list[dict[str, Any]]:
 def read_lines(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     """A file's records through the api (none when there is no file)."""
     return parse_jsonl(client.files.content(file_id).text) if file_id else []
+
+
+async def read_lines_async(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    """``read_lines`` with an async client."""
+    return parse_jsonl((await client.files.content(file_id)).text) if file_id else []
