@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from deploy.local.stack import Stack
-from tests.support.http_batches import wait_http_terminal
+from tests.support.http_batches import upload, wait_http_terminal
 from tests.support.lines import chat_request, jsonl
 
 FLOW = ["validating", "in_progress", "finalizing", "completed"]
@@ -24,12 +23,6 @@ FLOW = ["validating", "in_progress", "finalizing", "completed"]
 
 def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def upload(http: httpx.Client, name: str, data: bytes) -> dict[str, Any]:
-    response = http.post("/files", files={"file": (name, data)}, data={"purpose": "batch"})
-    assert response.status_code == 200, response.text
-    return dict(response.json())
 
 
 def test_health_and_model_as_the_old_api(stack: Stack, http: httpx.Client, model_id: str) -> None:
@@ -43,7 +36,7 @@ def test_health_and_model_as_the_old_api(stack: Stack, http: httpx.Client, model
 
 def test_the_old_clients_flow(http: httpx.Client, model_id: str) -> None:
     data = jsonl([chat_request(f"r{i}", model_id, max_tokens=4) for i in range(3)])
-    uploaded = upload(http, "requests.jsonl", data)
+    uploaded = upload(http, data, "requests.jsonl", prefix="")
     assert uploaded["checksum"] == sha256(data)
     assert http.get(f"/files/{uploaded['id']}").json()["checksum"] == sha256(data)
 
@@ -72,7 +65,7 @@ def test_the_old_clients_flow(http: httpx.Client, model_id: str) -> None:
 
 def test_a_failed_batch_carries_its_error(http: httpx.Client, model_id: str) -> None:
     data = b"not json\n" + jsonl([chat_request("ok", model_id)])
-    uploaded = upload(http, "bad.jsonl", data)
+    uploaded = upload(http, data, "bad.jsonl", prefix="")
     batch = http.post("/batches", json={"input_file_id": uploaded["id"]}).json()
     done = wait_http_terminal(http, batch["id"], 300, prefix="", seen=[])
     assert done["status"] == "failed"
@@ -83,7 +76,7 @@ def test_a_failed_batch_carries_its_error(http: httpx.Client, model_id: str) -> 
 
 def test_a_download_names_a_non_ascii_file_safely(http: httpx.Client, model_id: str) -> None:
     name = "résumé.jsonl"
-    uploaded = upload(http, name, jsonl([chat_request("a", model_id)]))
+    uploaded = upload(http, jsonl([chat_request("a", model_id)]), name, prefix="")
     assert uploaded["filename"] == name
     content = http.get(f"/files/{uploaded['id']}/content")
     assert content.headers["content-disposition"] == (
