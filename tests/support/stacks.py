@@ -5,12 +5,16 @@ own on the session's stand-in servers, and the settings every fake-engine stack 
 - ``own_stack``: a stack sharing the stand-ins, with its own topics, database, bucket and ports
   (the ``own_stack`` fixture hands it out as ``OwnStack``).
 - ``aggregator_processing``: whether a stack's aggregator owns its partitions and counts.
+- ``extra_api``: another api process on a stack, with some settings changed.
 - ``FAKE_STACK_ENV``: the aggregator settings of a stack on the instant fake engine.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -20,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local import ModelSpec, Stack, free_ports
+from deploy.local import ModelSpec, Stack, free_port, free_ports
 from tests.support.waiting import wait_until
 
 TEST_MODEL_NAME = os.environ.get("BATCHSTREAM_TEST_MODEL_NAME", "tiny-llama")
@@ -113,3 +117,36 @@ def own_stack(
         yield stack
     finally:
         stack.stop()  # every component with a PID file in this stack's own state dir
+
+
+@contextmanager
+def extra_api(stack: Stack, **overrides: str) -> Iterator[str]:
+    """Another api process on the same stack with some settings changed; yields its base URL."""
+    port = free_port()
+    env = {**os.environ, **stack.env(), "BATCHSTREAM_API_PORT": str(port), **overrides}
+    command = [sys.executable, "-m", "uvicorn", "services.api.app:create_app", "--factory"]
+    proc = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def answering() -> bool:
+        assert proc.poll() is None, "the extra api exited"
+        try:
+            return httpx.get(f"{base}/health", timeout=2).status_code in (200, 503)
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(answering, 60, "the extra api")
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

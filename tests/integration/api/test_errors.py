@@ -11,10 +11,10 @@ import pytest
 from openai import OpenAI
 
 from deploy.local import Stack, free_port
-from tests.integration.api.conftest import extra_api
 from tests.support.http_batches import assert_error, create, upload
 from tests.support.lines import chat_request, jsonl
 from tests.support.private_servers import PrivateMongo
+from tests.support.stacks import extra_api
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
