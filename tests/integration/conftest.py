@@ -7,7 +7,7 @@ instead, and needs neither. Without them, tests that use ``stack`` are skipped.
 
 ``own_stack`` is for a module that wants services of its own (other settings, an aggregator it can
 kill): a stack on the session's stand-in servers with its own topic prefix, database, bucket and
-service ports.
+service ports. The code behind these fixtures is in ``tests.support.stacks``.
 """
 
 from __future__ import annotations
