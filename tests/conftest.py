@@ -5,7 +5,7 @@ dir, creates the bucket and the base topics (results, control) under a topic pre
 session, and stops every process by PID at the end. It yields the ``deploy.local.Stack``:
 ``stand_ins.env()`` is the BATCHSTREAM_* environment pointing at it, and
 ``stand_ins.kafka_settings()`` / ``stand_ins.storage_settings()`` build settings objects directly.
-Shared helpers (waiting, JSONL lines, metrics) live in ``tests.support``.
+The code behind the fixtures, and every helper tests share, lives in ``tests.support``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.local import Stack, free_ports
-from tests.integration.real_servers import servers_for_tests
+from tests.support.real_servers import servers_for_tests
 
 SESSION_ID = uuid.uuid4().hex[:8]  # names this session's topics, database and bucket
 

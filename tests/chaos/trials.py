@@ -45,9 +45,9 @@ from pymongo import MongoClient
 
 from deploy.local import STAND_INS, ModelSpec, Stack, free_ports, up
 from deploy.local.processes import group_members
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.lines import chat_request, jsonl, read_lines
 from tests.support.metrics import metric_value
+from tests.support.stacks import FAKE_STACK_ENV
 from tests.support.waiting import TERMINAL, wait_until
 
 MODEL = "fake-chaos"

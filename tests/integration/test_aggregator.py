@@ -35,10 +35,9 @@ from shared.result_chunks import encode_chunk
 from shared.settings import KafkaSettings, MongoSettings
 from shared.storage import ObjectStore, file_key, result_chunk_prefix
 from shared.topics import results_topic
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.metrics import metric_value
-from tests.support.waiting import eventually
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
+from tests.support.waiting import eventually, wait_stored_status
 
 AGGREGATOR_ENV = {
     "BATCHSTREAM_LOG_LEVEL": os.environ.get("AGGREGATOR_TEST_LOG_LEVEL", "INFO"),
@@ -179,14 +178,6 @@ async def publish(clients: Clients, results: list[ResultMessage]) -> None:
     await asyncio.gather(*futures)
 
 
-async def wait_status(mongo: Mongo, batch_id: str, status: str, timeout_s: float) -> dict[str, Any]:
-    async def probe() -> dict[str, Any] | None:
-        doc = await mongo.batches.find_one({"_id": batch_id})
-        return doc if doc and doc["status"] == status else None
-
-    return await eventually(probe, timeout_s, f"{batch_id} {status}")
-
-
 async def read_lines(store: ObjectStore, file_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) async for line in store.iter_lines(file_key(file_id))]
 
@@ -254,7 +245,7 @@ async def test_batch_completes_with_exact_counts_and_files(
     assert doc["request_counts"] == {"total": total, "completed": 144, "failed": 6}
 
     await publish(clients, results[150:] + results[100:200] + results[-5:])
-    doc = await wait_status(clients.mongo, batch_id, "completed", 60)
+    doc = await wait_stored_status(clients.mongo, batch_id, {"completed"}, 60)
 
     ok = total - len(failing)
     assert doc["request_counts"] == {"total": total, "completed": ok, "failed": len(failing)}
@@ -315,7 +306,7 @@ async def test_all_failed_batch_has_no_output_file(clients: Clients, aggregator:
         error=LineError(code="batch_expired", message="not run"),
     )
     await publish(clients, [make_result(batch_id, 1, 500), make_result(batch_id, 2, 429), never_ran])
-    doc = await wait_status(clients.mongo, batch_id, "completed", 30)
+    doc = await wait_stored_status(clients.mongo, batch_id, {"completed"}, 30)
     assert doc["output_file_id"] is None and doc["error_file_id"]
     assert doc["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
     errors = await read_lines(clients.store, doc["error_file_id"])
@@ -335,7 +326,7 @@ async def test_cancelling_batch_ends_cancelled(clients: Clients, aggregator: int
         for n in (3, 4)
     ]
     await publish(clients, [make_result(batch_id, 1), make_result(batch_id, 2), *cancelled])
-    doc = await wait_status(clients.mongo, batch_id, "cancelled", 30)
+    doc = await wait_stored_status(clients.mongo, batch_id, {"cancelled"}, 30)
     assert doc["cancelled_at"] and doc.get("completed_at") is None
     assert doc["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
     assert len(await read_lines(clients.store, doc["output_file_id"])) == 2
@@ -361,7 +352,7 @@ async def test_a_batch_left_finalizing_without_state_ends_from_its_chunks(
     started = {"finalizing_at": int(time.time()) - 3600, "usage": usage}
     await clients.mongo.batches.update_one({"_id": batch_id}, {"$set": started})
 
-    doc = await wait_status(clients.mongo, batch_id, "completed", 30)
+    doc = await wait_stored_status(clients.mongo, batch_id, {"completed"}, 30)
     assert doc["request_counts"] == {"total": 5, "completed": 4, "failed": 1}
     assert doc["usage"] == usage
     output = await read_lines(clients.store, doc["output_file_id"])
@@ -396,7 +387,7 @@ async def test_restart_mid_batch_keeps_counts_exact(
     await publish(clients, results[1000:] + results[:50])
     await asyncio.to_thread(agg_stack.start, ["aggregator"])
     assert agg_stack.pid("aggregator") not in {None, aggregator}
-    doc = await wait_status(clients.mongo, batch_id, "completed", 120)
+    doc = await wait_stored_status(clients.mongo, batch_id, {"completed"}, 120)
     assert doc["request_counts"] == {"total": total, "completed": 1980, "failed": 20}
     output = await read_lines(clients.store, doc["output_file_id"])
     assert [x["custom_id"] for x in output] == [f"req-{n}" for n in range(1, total + 1) if n % 100]
@@ -407,7 +398,7 @@ async def test_throughput_20000_lines(agg_stack: Stack, clients: Clients, aggreg
     """Not a benchmark gate: records how long 20,000 results take to aggregate end to end."""
     warm_up = await insert_batch(clients.mongo, 1)  # time steady state, not the first fetch
     await publish(clients, [make_result(warm_up, 1)])
-    await wait_status(clients.mongo, warm_up, "completed", 60)
+    await wait_stored_status(clients.mongo, warm_up, {"completed"}, 60)
     total = 20_000
     batch_id = await insert_batch(clients.mongo, total)
     results = [make_result(batch_id, n, 400 if n % 50 == 0 else 200) for n in range(1, total + 1)]

@@ -31,10 +31,9 @@ from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
 from shared.settings import MongoSettings
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.support.lines import chat_line, parse_jsonl
-from tests.support.waiting import TERMINAL, eventually
+from tests.support.lines import chat_line, parse_jsonl, read_lines_async
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
+from tests.support.waiting import TERMINAL, eventually, wait_status_async
 
 pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-fast"
@@ -109,16 +108,6 @@ async def create_batch(client: AsyncOpenAI, model: str, lines: list[str]) -> Bat
     return await eventually(running, 60, f"{created.id} in_progress")
 
 
-async def wait_status(client: AsyncOpenAI, batch_id: str, status: str, timeout_s: float) -> Batch:
-    async def probe() -> Batch | None:
-        batch = await client.batches.retrieve(batch_id)
-        if batch.status in TERMINAL and batch.status != status:
-            raise AssertionError(f"{batch_id} ended {batch.status}, expected {status}")
-        return batch if batch.status == status else None
-
-    return await eventually(probe, timeout_s, f"{batch_id} {status}")
-
-
 async def wait_done(client: AsyncOpenAI, batch_id: str, done: int, timeout_s: float = 30) -> Batch:
     async def probe() -> Batch | None:
         batch = await client.batches.retrieve(batch_id)
@@ -126,13 +115,6 @@ async def wait_done(client: AsyncOpenAI, batch_id: str, done: int, timeout_s: fl
         return batch if counts and counts.completed + counts.failed >= done else None
 
     return await eventually(probe, timeout_s, f"{batch_id} {done} lines counted")
-
-
-async def read_lines(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    content = await client.files.content(file_id)
-    return parse_jsonl(content.text)
 
 
 def result(batch_id: str, line: int, custom_id: str, status: int = 200) -> ResultMessage:
@@ -233,7 +215,7 @@ async def test_20000_lines_exact_counts_flat_memory_and_live_counts(
     intermediate = [c for c in seen_completed if 0 < c < total]
     assert len(intermediate) >= 2, seen_completed
     assert seen_completed == sorted(seen_completed)  # never goes down
-    output = await read_lines(client, batch.output_file_id)
+    output = await read_lines_async(client, batch.output_file_id)
     assert sorted(x["custom_id"] for x in output) == sorted(ids)
     usage = batch.usage
     assert usage is not None and usage.input_tokens > 0 and usage.output_tokens == total
@@ -267,7 +249,7 @@ async def test_sigkill_mid_batch_duplicates_and_late_results(
     await publish(fast_stack, producer, results[1500:] + results[:100] + results[-50:])
     restarted = time.monotonic()
     await asyncio.to_thread(fast_stack.start, ["aggregator"])
-    done = await wait_status(client, batch.id, "completed", 120)
+    done = await wait_status_async(client, batch.id, {"completed"}, 120)
     print(f"\nrestarted aggregator completed the batch {time.monotonic() - restarted:.1f}s after restart")
 
     assert done.request_counts is not None
@@ -276,9 +258,9 @@ async def test_sigkill_mid_batch_duplicates_and_late_results(
         2970,
         30,
     )
-    output = await read_lines(client, done.output_file_id)
+    output = await read_lines_async(client, done.output_file_id)
     assert [x["custom_id"] for x in output] == [i for n, i in enumerate(ids, 1) if n % 100]
-    errors = await read_lines(client, done.error_file_id)
+    errors = await read_lines_async(client, done.error_file_id)
     assert [x["custom_id"] for x in errors] == [i for n, i in enumerate(ids, 1) if n % 100 == 0]
     assert done.usage is not None and done.usage.total_tokens == 5 * 2970
 
@@ -308,7 +290,7 @@ async def test_batch_expires_with_no_worker_alive(
     assert batch.request_counts is not None and batch.request_counts.total == 40
     await mongo.batches.update_one({"_id": batch.id}, {"$set": {"expires_at": int(time.time()) - 1}})
 
-    expired = await wait_status(client, batch.id, "expired", 30)
+    expired = await wait_status_async(client, batch.id, {"expired"}, 30)
     assert expired.expired_at and expired.completed_at is None
     assert expired.request_counts is not None
     assert (
@@ -321,7 +303,7 @@ async def test_batch_expires_with_no_worker_alive(
         40,
     )
     assert expired.output_file_id is None and expired.error_file_id
-    errors = await read_lines(client, expired.error_file_id)
+    errors = await read_lines_async(client, expired.error_file_id)
     assert [x["custom_id"] for x in errors] == ids
     assert all(x["response"] is None and x["error"]["code"] == "batch_expired" for x in errors)
     assert len({x["id"] for x in errors}) == 40
@@ -370,7 +352,7 @@ async def test_cancelled_batch_keeps_partial_output(
         for i in range(15, 20)
     ]
     await publish(fast_stack, producer, answered)
-    cancelled = await wait_status(client, batch.id, "cancelled", CANCEL_TIMEOUT_S + 30)
+    cancelled = await wait_status_async(client, batch.id, {"cancelled"}, CANCEL_TIMEOUT_S + 30)
     assert cancelled.cancelled_at and cancelled.cancelling_at
     assert cancelled.cancelled_at >= cancelled.cancelling_at + CANCEL_TIMEOUT_S - 1
     assert cancelled.request_counts is not None
@@ -379,9 +361,9 @@ async def test_cancelled_batch_keeps_partial_output(
         cancelled.request_counts.completed,
         cancelled.request_counts.failed,
     ) == (40, 14, 26)
-    output = await read_lines(client, cancelled.output_file_id)
+    output = await read_lines_async(client, cancelled.output_file_id)
     assert [x["custom_id"] for x in output] == [ids[i] for i in range(15) if i != 3]
-    errors = await read_lines(client, cancelled.error_file_id)
+    errors = await read_lines_async(client, cancelled.error_file_id)
     assert [x["custom_id"] for x in errors] == [ids[3], *ids[15:]]
     assert errors[0]["response"]["status_code"] == 400
     assert [x["error"]["message"] for x in errors[1:6]] == ["cancelled by the worker"] * 5

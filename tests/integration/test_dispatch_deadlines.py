@@ -21,8 +21,8 @@ from openai.types import Batch
 from pymongo import MongoClient
 
 from deploy.local.stack import Stack
-from tests.integration.conftest import OwnStack
 from tests.support.request_recorder import RequestRecorder
+from tests.support.stacks import OwnStack
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

@@ -28,15 +28,14 @@ from pymongo import MongoClient
 
 from deploy.local import ModelSpec, Stack, free_ports
 from shared.topics import requests_topic
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
+from tests.support.lines import chat_line
 from tests.support.request_recorder import RequestRecorder, Sent
-from tests.support.waiting import eventually
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
+from tests.support.waiting import TERMINAL, eventually, wait_terminal_async
 
 pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-dispatch"
 GHOST_MODEL = "ghost-dispatch"
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 FAKE = ModelSpec("", FAKE_MODEL, engine="fake")
 
 
@@ -89,17 +88,6 @@ async def client(dispatch_stack: Stack) -> AsyncIterator[AsyncOpenAI]:
 # --- helpers
 
 
-def chat_line(custom_id: str, model: str) -> str:
-    return json.dumps(
-        {
-            "custom_id": custom_id,
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}]},
-        }
-    )
-
-
 async def create_batch(
     client: AsyncOpenAI, model: str, count: int, prefix: str = "req", priority: int = 0
 ) -> Batch:
@@ -146,14 +134,6 @@ async def create_from_lines(client: AsyncOpenAI, lines: list[dict[str, Any]], **
     return await client.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body=extra
     )
-
-
-async def wait_terminal(client: AsyncOpenAI, batch_id: str, timeout_s: float = 120) -> Batch:
-    async def probe() -> Batch | None:
-        batch = await client.batches.retrieve(batch_id)
-        return batch if batch.status in TERMINAL else None
-
-    return await eventually(probe, timeout_s, f"{batch_id} terminal", interval_s=0.1)
 
 
 async def output_ids(client: AsyncOpenAI, batch: Batch) -> list[str]:
@@ -236,7 +216,7 @@ async def test_a_small_batch_created_behind_a_big_one_completes_first(client: As
         assert any(line.startswith(f'{name}{{model="{FAKE_MODEL}"}}') for line in metrics), name
     started = time.monotonic()
     small = await create_batch(client, FAKE_MODEL, 10, prefix="small")
-    small_done = await wait_terminal(client, small.id, 60)
+    small_done = await wait_terminal_async(client, small.id, 60)
     small_s = time.monotonic() - started
     big_then = await client.batches.retrieve(big.id)
 
@@ -244,7 +224,7 @@ async def test_a_small_batch_created_behind_a_big_one_completes_first(client: As
     assert big_then.status not in TERMINAL, f"the big batch ended first ({small_s:.1f}s)"
     assert big_then.request_counts is not None and big_then.request_counts.completed < 15_000
     print(f"\nsmall batch behind a 15,000-line batch: {small_s:.2f}s")
-    big_done = await wait_terminal(client, big.id, 300)
+    big_done = await wait_terminal_async(client, big.id, 300)
     assert big_done.status == "completed"
     assert every_line_once(await output_ids(client, big_done), 15_000, prefix="big")
 
@@ -253,7 +233,9 @@ async def test_an_idle_dispatcher_rests_between_rounds(client: AsyncOpenAI) -> N
     """Once its batches have ended, the dispatcher wakes a few times a second (each refresh, and
     this stack's position and lease timers: 0.2-0.5 s), not in a loop that never rests (an api
     burning a core while nothing is queued)."""
-    done = await wait_terminal(client, (await create_batch(client, FAKE_MODEL, 10, prefix="idle")).id, 60)
+    done = await wait_terminal_async(
+        client, (await create_batch(client, FAKE_MODEL, 10, prefix="idle")).id, 60
+    )
     assert done.status == "completed"
     queued = [m for m in await _metrics(client) if m.startswith("batchstream_dispatch_queued_lines{")]
     assert all(float(m.split()[-1]) == 0 for m in queued), f"an earlier test left lines queued: {queued}"
@@ -271,7 +253,7 @@ async def test_the_dispatcher_meters_the_group_its_workers_joined(client: AsyncO
     commit and no member: once the smallest backlog target (64 lines here) is sent, the rest of
     the batch never goes."""
     batch = await create_batch(client, FAKE_MODEL, 1_000, prefix="group")
-    done = await wait_terminal(client, batch.id, 120)
+    done = await wait_terminal_async(client, batch.id, 120)
     assert done.status == "completed"
     assert every_line_once(await output_ids(client, done), 1_000, prefix="group")
 
@@ -309,7 +291,7 @@ async def test_a_prefix_ordered_batch_keeps_the_input_order_and_may_opt_out(clie
     ordered = await create_from_lines(client, lines)
     plain = await create_from_lines(client, lines, prefix_order=False)
     for batch, expected in ((ordered, True), (plain, False)):
-        done = await wait_terminal(client, batch.id, 120)
+        done = await wait_terminal_async(client, batch.id, 120)
         assert done.status == "completed"
         assert (done.model_extra or {}).get("prefix_order") is expected
         assert done.output_file_id is not None
@@ -330,7 +312,7 @@ async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(
     assert killed_at < total, "the batch was wholly dispatched before the kill"
     await asyncio.to_thread(dispatch_stack.start, ["api"])
 
-    done = await wait_terminal(client, batch.id, 300)
+    done = await wait_terminal_async(client, batch.id, 300)
     assert done.status == "completed"
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
@@ -355,7 +337,7 @@ async def test_results_dropped_between_worker_and_aggregator_are_sent_again(
     assert swallowed, "the black hole did not swallow the batch"
     await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
 
-    done = await wait_terminal(client, batch.id, 120)
+    done = await wait_terminal_async(client, batch.id, 120)
     assert done.status == "completed"
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
@@ -396,7 +378,7 @@ async def test_two_api_replicas_dispatch_through_one_and_hand_over(
         survivor_client = AsyncOpenAI(
             base_url=f"{survivor}/v1", api_key=dispatch_stack.api_key, max_retries=8
         )
-        done = await wait_terminal(survivor_client, batch.id, 300)
+        done = await wait_terminal_async(survivor_client, batch.id, 300)
         assert done.status == "completed"
         assert every_line_once(await output_ids(survivor_client, done), total, prefix="rep")
         await survivor_client.close()
@@ -414,7 +396,7 @@ async def test_a_cancel_sends_no_further_lines(dispatch_stack: Stack, client: As
     await client.batches.cancel(batch.id)
     at_cancel = await count_requests(dispatch_stack, FAKE_MODEL, batch.id)
 
-    done = await wait_terminal(client, batch.id, 60)
+    done = await wait_terminal_async(client, batch.id, 60)
     assert done.status == "cancelled"
     final = await count_requests(dispatch_stack, FAKE_MODEL, batch.id)
     # At most the round under way when the cancel was read; the rest never left object storage.

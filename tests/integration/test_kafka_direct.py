@@ -17,19 +17,11 @@ import pytest
 
 from deploy.local.stack import Stack
 from shared.kafka_client import KafkaRequestClient
+from tests.support.lines import chat_line, chat_request
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "kafka_direct.py"
-
-
-def chat_line(custom_id: str, model: str) -> dict[str, object]:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": custom_id}]},
-    }
 
 
 def reply_topic(stack: Stack) -> str:
@@ -41,7 +33,7 @@ def test_the_example_publishes_a_file_and_prints_each_result(
 ) -> None:
     ids = ["k1", "k2", "k3"]
     source = tmp_path / "requests.jsonl"
-    source.write_text("".join(json.dumps(chat_line(i, model_id)) + "\n" for i in ids))
+    source.write_text("".join(chat_line(i, model_id, i, max_tokens=3) + "\n" for i in ids))
 
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), str(source), "--model", model_id, "--reply-topic", reply_topic(stack)],
@@ -62,8 +54,8 @@ def test_the_example_publishes_a_file_and_prints_each_result(
 
 async def test_the_helper_answers_each_request_once_including_late_ones(stack: Stack, model_id: str) -> None:
     async with KafkaRequestClient(model_id, reply_topic(stack), stack.kafka_settings()) as kafka:
-        on_time = await kafka.publish(chat_line("on-time", model_id))
-        late = await kafka.publish(chat_line("late", model_id), expires_at=1.0)
+        on_time = await kafka.publish(chat_request("on-time", model_id, "on-time", max_tokens=3))
+        late = await kafka.publish(chat_request("late", model_id, "late", max_tokens=3), expires_at=1.0)
         results = {r.request_id: r async for r in kafka.results(timeout_s=120)}
 
     assert set(results) == {on_time.request_id, late.request_id} and not kafka.pending

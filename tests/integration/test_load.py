@@ -22,16 +22,15 @@ import pytest
 
 from deploy.local import ModelSpec, Stack
 from tests.integration.api.corpus import dump, line
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
 from tests.support.http_batches import create_batch
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
+from tests.support.waiting import TERMINAL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.load]
 MODEL = "corpus-fake"
 BIG_LINES = 20_000
 CLIENTS = 20
 SMALL_LINES = 10
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from pymongo import MongoClient
 
 from deploy.local import STAND_INS, ModelSpec, Stack, free_ports
 from tests.integration.api.corpus import CHAT, dump, line
-from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.support.http_batches import create_batch
+from tests.support.http_batches import create_batch, wait_http_terminal
+from tests.support.stacks import FAKE_STACK_ENV
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -66,12 +66,7 @@ def api(outage_stack: Stack) -> Iterator[httpx.Client]:
 def run_batch(api: httpx.Client, lines: int = 5, timeout_s: float = 60) -> dict[str, Any]:
     """Upload, create and wait: the batch as it ended."""
     batch_id = create_batch(api, dump(*(line(f"c{n}") for n in range(lines))))
-
-    def ended() -> dict[str, Any] | None:
-        batch = api.get(f"/v1/batches/{batch_id}").json()
-        return batch if batch["status"] in {"completed", "failed", "expired", "cancelled"} else None
-
-    return wait_until(ended, timeout_s, "the batch to end", interval_s=0.2)
+    return wait_http_terminal(api, batch_id, timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -211,13 +206,7 @@ def test_a_batch_created_during_an_outage_completes_once_it_is_over(
     """Create answers at once and validates later: what it accepted during an outage must still run."""
     if dependency not in CREATED_DURING:
         pytest.skip(f"the {dependency} outage test did not run or created no batch")
-    batch_id = CREATED_DURING[dependency]
-
-    def ended() -> dict[str, Any] | None:
-        batch = api.get(f"/v1/batches/{batch_id}").json()
-        return batch if batch["status"] in {"completed", "failed", "expired", "cancelled"} else None
-
-    batch = wait_until(ended, 30, f"the batch created while {dependency} was down to end")
+    batch = wait_http_terminal(api, CREATED_DURING[dependency], 30, interval_s=0.1)
     assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 5, batch
 
 

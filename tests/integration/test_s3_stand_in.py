@@ -16,7 +16,7 @@ import pytest
 
 from deploy.local import Stack
 from shared.storage import ObjectStore
-from tests.integration.real_servers import TESTCONTAINERS, requested
+from tests.support.real_servers import TESTCONTAINERS, requested
 
 ROUND_TRIPS = 40
 OBJECT_BYTES = 60_000  # about a result chunk of a busy batch

@@ -23,8 +23,8 @@ from pymongo import MongoClient
 from deploy.local import ModelSpec, Stack, free_port
 from shared.settings import ApiSettings
 from tests.integration.api.corpus import dump, line
-from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.support.http_batches import create_batch
+from tests.support.http_batches import create_batch, wait_http_terminal
+from tests.support.stacks import FAKE_STACK_ENV
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +32,6 @@ MODEL = "corpus-fake"  # the corpus' request lines name it
 UNSERVED = "webhooks-unserved"  # known to the api, served by no worker: a batch that waits
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 CLOSED_KEY = "sk-webhooks-closed"  # project ``closed``, whose receiver is not listening at first
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 def verified(headers: dict[str, str], body: bytes) -> bool:
@@ -147,14 +146,6 @@ def unserved_model(stack: Stack) -> tuple[str, str]:
     return uri, database
 
 
-def ended(api: httpx.Client, batch_id: str) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        batch = api.get(f"/v1/batches/{batch_id}").json()
-        return batch if batch["status"] in TERMINAL else None
-
-    return wait_until(check, 60, f"batch {batch_id} to end", interval_s=0.2)
-
-
 def delivered_once(state: Receiver, batch_id: str, event_type: str) -> dict[str, Any]:
     """The one attempt that reached the receiver for the batch, after checking it."""
     attempts = wait_until(lambda: state.for_batch(batch_id), 30, f"the {event_type} event")
@@ -173,7 +164,7 @@ def test_a_completed_batch_sends_one_signed_batch_completed_event(
 ) -> None:
     state, _ = receiver
     batch_id = create_batch(api, dump(*(line(f"c{n}") for n in range(3))))
-    assert ended(api, batch_id)["status"] == "completed"
+    assert wait_http_terminal(api, batch_id, 60)["status"] == "completed"
     delivered_once(state, batch_id, "batch.completed")
 
 
@@ -182,7 +173,7 @@ def test_a_batch_failing_validation_sends_batch_failed(
 ) -> None:
     state, _ = receiver
     batch_id = create_batch(api, b"this is not json\n")
-    assert ended(api, batch_id)["status"] == "failed"
+    assert wait_http_terminal(api, batch_id, 60)["status"] == "failed"
     delivered_once(state, batch_id, "batch.failed")
 
 
@@ -196,7 +187,7 @@ def test_a_cancelled_batch_sends_batch_cancelled(
         lambda: api.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress", 30, "in_progress"
     )
     assert api.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
-    assert ended(api, batch_id)["status"] == "cancelled"
+    assert wait_http_terminal(api, batch_id, 60)["status"] == "cancelled"
     delivered_once(state, batch_id, "batch.cancelled")
 
 
@@ -211,7 +202,7 @@ def test_an_expired_batch_sends_batch_expired(
     )
     with MongoClient(db[0]) as client:  # the completion window ends now (the sweep ends it)
         client[db[1]].batches.update_one({"_id": batch_id}, {"$set": {"expires_at": int(time.time()) - 1}})
-    assert ended(api, batch_id)["status"] == "expired"
+    assert wait_http_terminal(api, batch_id, 60)["status"] == "expired"
     delivered_once(state, batch_id, "batch.expired")
 
 
@@ -222,7 +213,7 @@ def test_a_receiver_down_for_a_while_gets_the_event_after_retries_each_attempt_o
     with state.lock:
         state.answer = 503
     batch_id = create_batch(api, dump(line("a")))
-    assert ended(api, batch_id)["status"] == "completed"
+    assert wait_http_terminal(api, batch_id, 60)["status"] == "completed"
     event_id = f"evt_{batch_id}_batch.completed"
     wait_until(lambda: len(state.for_event(event_id)) >= 3, 30, "three refused attempts")
     with state.lock:
@@ -258,7 +249,7 @@ def test_a_receiver_not_listening_for_a_while_gets_the_event_once_it_listens(
     headers = {"Authorization": f"Bearer {CLOSED_KEY}"}
     with httpx.Client(base_url=stack.base_url.removesuffix("/v1"), headers=headers, timeout=60) as closed:
         batch_id = create_batch(closed, dump(line("a")))
-        assert ended(closed, batch_id)["status"] == "completed"
+        assert wait_http_terminal(closed, batch_id, 60)["status"] == "completed"
     event_id = f"evt_{batch_id}_batch.completed"
     env = stack.env()
     with MongoClient(env["BATCHSTREAM_MONGO_URI"]) as client:

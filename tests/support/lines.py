@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
 from shared.input_lines import InputLine, request_lines
 
@@ -59,3 +59,8 @@ def file_request_lines(items: Iterable[bytes]) -> AsyncIterator[InputLine]:
             yield item + b"\n"
 
     return request_lines(chunks())
+
+
+async def read_lines_async(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    """``read_lines`` with an async client."""
+    return parse_jsonl((await client.files.content(file_id)).text) if file_id else []

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from deploy.local import STAND_INS
-from tests.integration import real_servers
-from tests.integration.real_servers import SWITCH, docker_engine_problem, requested, servers_for_tests
+from tests.support import real_servers
+from tests.support.real_servers import SWITCH, docker_engine_problem, requested, servers_for_tests
 
 
 class RecordingFakeStack:

@@ -8,9 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.api.test_errors import assert_error, create, upload
+from tests.support.http_batches import assert_error, create, upload, wait_http_terminal
 from tests.support.lines import chat_request, jsonl
-from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize(
@@ -41,7 +40,7 @@ def test_a_bad_batch_parameter_is_400_naming_it(
     http: httpx.Client, fields: dict[str, Any], param: str
 ) -> None:
     body = {"input_file_id": "file-any", **fields}
-    assert_error(create(http, **body), 400, "invalid_value", param)
+    assert_error(create(http, prefix="", **body), 400, "invalid_value", param)
 
 
 @pytest.mark.parametrize(
@@ -49,14 +48,20 @@ def test_a_bad_batch_parameter_is_400_naming_it(
     [([["k", "v"]], "invalid_type"), ({"k": 1}, "invalid_type"), ({"k" * 65: "v"}, "invalid_value")],
 )
 def test_a_bad_metadata_shape_is_400(http: httpx.Client, model_id: str, metadata: Any, code: str) -> None:
-    file = upload(http, jsonl([chat_request("a", model_id)]))
-    assert_error(create(http, input_file_id=file["id"], metadata=metadata), 400, code, "metadata")
+    file = upload(http, jsonl([chat_request("a", model_id)]), prefix="")
+    assert_error(create(http, prefix="", input_file_id=file["id"], metadata=metadata), 400, code, "metadata")
 
 
 def test_valid_extremes_are_accepted(http: httpx.Client, model_id: str) -> None:
-    file = upload(http, jsonl([chat_request("a", model_id)]))
-    fields = {"max_decoding_length": 1, "temperature": 0, "top_p": 1, "top_k": -1, "max_context_length": 1}
-    response = create(http, input_file_id=file["id"], **fields)
+    file = upload(http, jsonl([chat_request("a", model_id)]), prefix="")
+    fields: dict[str, Any] = {
+        "max_decoding_length": 1,
+        "temperature": 0,
+        "top_p": 1,
+        "top_k": -1,
+        "max_context_length": 1,
+    }
+    response = create(http, prefix="", input_file_id=file["id"], **fields)
     assert response.status_code == 200, response.text
     assert {k: response.json()[k] for k in fields} == fields
     http.post(f"/batches/{response.json()['id']}/cancel")
@@ -67,12 +72,9 @@ def test_a_line_that_breaks_the_parser_is_that_lines_error(http: httpx.Client, m
     data = (
         jsonl([chat_request("ok", model_id)]) + b"\n" + deep + b"\n" + jsonl([chat_request("ok2", model_id)])
     )
-    file = upload(http, data)
-    batch = create(http, input_file_id=file["id"]).json()
+    file = upload(http, data, prefix="")
+    batch = create(http, prefix="", input_file_id=file["id"]).json()
 
-    def failed() -> dict[str, Any] | None:
-        current = http.get(f"/batches/{batch['id']}").json()
-        return current if current["status"] == "failed" else None
-
-    done = wait_until(failed, 60, "the batch to fail validation")
+    done = wait_http_terminal(http, batch["id"], 60, prefix="")
+    assert done["status"] == "failed", done
     assert [(e["code"], e["line"]) for e in done["errors"]["data"]] == [("invalid_json_line", 2)]

@@ -10,36 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from deploy.local.stack import Stack
+from tests.support.http_batches import upload, wait_http_terminal
 from tests.support.lines import chat_request, jsonl
-from tests.support.waiting import wait_until
 
 FLOW = ["validating", "in_progress", "finalizing", "completed"]
 
 
 def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def upload(http: httpx.Client, name: str, data: bytes) -> dict[str, Any]:
-    response = http.post("/files", files={"file": (name, data)}, data={"purpose": "batch"})
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def wait_terminal(http: httpx.Client, batch_id: str, seen: list[str]) -> dict[str, Any]:
-    def poll() -> dict[str, Any] | None:
-        batch = http.get(f"/batches/{batch_id}").json()
-        if not seen or seen[-1] != batch["status"]:
-            seen.append(batch["status"])
-        return batch if batch["status"] in {"completed", "failed", "expired", "cancelled"} else None
-
-    return wait_until(poll, 300, f"batch {batch_id} to end", interval_s=0.2)
 
 
 def test_health_and_model_as_the_old_api(stack: Stack, http: httpx.Client, model_id: str) -> None:
@@ -53,7 +36,7 @@ def test_health_and_model_as_the_old_api(stack: Stack, http: httpx.Client, model
 
 def test_the_old_clients_flow(http: httpx.Client, model_id: str) -> None:
     data = jsonl([chat_request(f"r{i}", model_id, max_tokens=4) for i in range(3)])
-    uploaded = upload(http, "requests.jsonl", data)
+    uploaded = upload(http, data, "requests.jsonl", prefix="")
     assert uploaded["checksum"] == sha256(data)
     assert http.get(f"/files/{uploaded['id']}").json()["checksum"] == sha256(data)
 
@@ -64,7 +47,7 @@ def test_the_old_clients_flow(http: httpx.Client, model_id: str) -> None:
     assert batch["status"] == "validating" and batch["started_at"] is None and batch["error"] is None
 
     seen: list[str] = [batch["status"]]
-    done = wait_terminal(http, batch["id"], seen)
+    done = wait_http_terminal(http, batch["id"], 300, prefix="", seen=seen)
     assert done["status"] == "completed", done
     assert seen == [s for s in FLOW if s in seen]  # never backwards
     assert done["started_at"] == done["in_progress_at"] and done["started_at"] is not None
@@ -82,9 +65,9 @@ def test_the_old_clients_flow(http: httpx.Client, model_id: str) -> None:
 
 def test_a_failed_batch_carries_its_error(http: httpx.Client, model_id: str) -> None:
     data = b"not json\n" + jsonl([chat_request("ok", model_id)])
-    uploaded = upload(http, "bad.jsonl", data)
+    uploaded = upload(http, data, "bad.jsonl", prefix="")
     batch = http.post("/batches", json={"input_file_id": uploaded["id"]}).json()
-    done = wait_terminal(http, batch["id"], [])
+    done = wait_http_terminal(http, batch["id"], 300, prefix="", seen=[])
     assert done["status"] == "failed"
     assert done["error"] == done["errors"]["data"][0]
     assert done["error"]["code"] == "invalid_json_line" and done["error"]["line"] == 1
@@ -93,7 +76,7 @@ def test_a_failed_batch_carries_its_error(http: httpx.Client, model_id: str) -> 
 
 def test_a_download_names_a_non_ascii_file_safely(http: httpx.Client, model_id: str) -> None:
     name = "résumé.jsonl"
-    uploaded = upload(http, name, jsonl([chat_request("a", model_id)]))
+    uploaded = upload(http, jsonl([chat_request("a", model_id)]), name, prefix="")
     assert uploaded["filename"] == name
     content = http.get(f"/files/{uploaded['id']}/content")
     assert content.headers["content-disposition"] == (

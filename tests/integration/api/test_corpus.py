@@ -28,12 +28,10 @@ from tests.integration.api.corpus import (
     dump,
     line,
 )
-from tests.integration.conftest import OwnStack
-from tests.integration.fake_stack import FAKE_STACK_ENV
-from tests.support.waiting import wait_until
+from tests.support.http_batches import assert_error, upload, wait_http_terminal
+from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 
 pytestmark = pytest.mark.e2e
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 @pytest.fixture(scope="module")
@@ -67,32 +65,20 @@ def api_pid(corpus_stack: Stack) -> int:
     return pid
 
 
+def own_upload(api: httpx.Client, keys: dict[str, str], data: bytes, purpose: str = "batch") -> str:
+    return str(upload(api, data, purpose=purpose, headers=auth(keys, "own"))["id"])
+
+
 def auth(keys: dict[str, str], who: str | None) -> dict[str, str]:
     if who is None:
         return {}
     return {"Authorization": f"Bearer {keys[who]}" if who in keys else who}
 
 
-def upload(api: httpx.Client, keys: dict[str, str], data: bytes, purpose: str = "batch") -> str:
-    response = api.post(
-        "/v1/files", headers=auth(keys, "own"), files={"file": ("in.jsonl", data)}, data={"purpose": purpose}
-    )
-    assert response.status_code == 200, response.text
-    return str(response.json()["id"])
-
-
-def wait_terminal(api: httpx.Client, keys: dict[str, str], batch_id: str, timeout_s: float) -> dict[str, Any]:
-    def terminal() -> dict[str, Any] | None:
-        batch = api.get(f"/v1/batches/{batch_id}", headers=auth(keys, "own")).json()
-        return batch if batch["status"] in TERMINAL else None
-
-    return wait_until(terminal, timeout_s, f"batch {batch_id} to end", interval_s=0.2)
-
-
 @pytest.fixture(scope="module")
 def ids(api: httpx.Client, keys: dict[str, str], api_pid: int) -> dict[str, str]:
     """Ids the request cases refer to: a user_data file, a batch input file and a running batch."""
-    batch_file = upload(api, keys, dump(line()))
+    batch_file = own_upload(api, keys, dump(line()))
     batch = api.post(
         "/v1/batches",
         headers=auth(keys, "own"),
@@ -100,7 +86,7 @@ def ids(api: httpx.Client, keys: dict[str, str], api_pid: int) -> dict[str, str]
     )
     assert batch.status_code == 200, batch.text
     return {
-        "own_file": upload(api, keys, b"notes", purpose="user_data"),
+        "own_file": own_upload(api, keys, b"notes", purpose="user_data"),
         "batch_file": batch_file,
         "own_batch": batch.json()["id"],
     }
@@ -115,15 +101,6 @@ def fill(value: Any, ids: dict[str, str]) -> Any:
     if isinstance(value, dict):
         return {k: fill(v, ids) for k, v in value.items()}
     return value
-
-
-def assert_error(response: httpx.Response, status: int, code: str | None, param: str | None) -> None:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
-    assert error["code"] == code, error
-    if param is not None:
-        assert error["param"] == param, error
 
 
 def _marks(reason: str | None) -> list[pytest.MarkDecorator]:
@@ -146,14 +123,14 @@ def test_a_malformed_request_gets_its_status_and_code(
 def test_a_malformed_input_file_fails_its_batch_with_its_line_errors(
     api: httpx.Client, keys: dict[str, str], api_pid: int, case: FileCase
 ) -> None:
-    file_id = upload(api, keys, case.make())
+    file_id = own_upload(api, keys, case.make())
     created = api.post(
         "/v1/batches",
         headers=auth(keys, "own"),
         json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
     )
     assert created.status_code == 200, created.text
-    batch = wait_terminal(api, keys, created.json()["id"], case.timeout_s)
+    batch = wait_http_terminal(api, created.json()["id"], case.timeout_s, headers=auth(keys, "own"))
     if case.codes is None:
         assert batch["status"] == "completed", batch
         counts = batch["request_counts"]
@@ -169,13 +146,13 @@ def test_after_the_corpus_the_same_api_is_healthy_and_completes_a_batch(
 ) -> None:
     assert corpus_stack.pid("api") == api_pid, "the api process was restarted during the corpus"
     assert api.get("/health").json() == {"status": "healthy"}
-    file_id = upload(api, keys, dump(*(line(f"after-{n}") for n in range(20))))
+    file_id = own_upload(api, keys, dump(*(line(f"after-{n}") for n in range(20))))
     created = api.post(
         "/v1/batches",
         headers=auth(keys, "own"),
         json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
     )
-    batch = wait_terminal(api, keys, created.json()["id"], 60)
+    batch = wait_http_terminal(api, created.json()["id"], 60, headers=auth(keys, "own"))
     assert batch["status"] == "completed", batch
     assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
     output = api.get(f"/v1/files/{batch['output_file_id']}/content", headers=auth(keys, "own")).text

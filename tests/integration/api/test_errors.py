@@ -11,35 +11,13 @@ import pytest
 from openai import OpenAI
 
 from deploy.local import Stack, free_port
-from tests.integration.api.conftest import extra_api
+from tests.support.http_batches import assert_error, create, upload
 from tests.support.lines import chat_request, jsonl
 from tests.support.private_servers import PrivateMongo
+from tests.support.stacks import extra_api
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-
-
-def assert_error(
-    response: httpx.Response, status: int, code: str | None = None, param: str | None = None
-) -> None:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if code is not None:
-        assert error["code"] == code
-    if param is not None:
-        assert error["param"] == param
-
-
-def upload(http: httpx.Client, data: bytes, name: str = "in.jsonl", purpose: str = "batch") -> dict[str, Any]:
-    response = http.post("/files", files={"file": (name, data)}, data={"purpose": purpose})
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def create(http: httpx.Client, **fields: Any) -> httpx.Response:
-    body = {"endpoint": "/v1/chat/completions", "completion_window": "24h", **fields}
-    return http.post("/batches", json=body)
 
 
 def test_a_missing_key_is_401(stack: Stack) -> None:
@@ -64,13 +42,16 @@ def test_an_unknown_route_is_404_json(http: httpx.Client) -> None:
 
 
 def test_an_unknown_input_file_is_404_at_create(http: httpx.Client) -> None:
-    assert_error(create(http, input_file_id="file-nope"), 404, param="file_id")
+    assert_error(create(http, prefix="", input_file_id="file-nope"), 404, param="file_id")
 
 
 def test_a_bad_endpoint_is_400_invalid_value(http: httpx.Client, model_id: str) -> None:
-    file = upload(http, jsonl([chat_request("a", model_id)]))
+    file = upload(http, jsonl([chat_request("a", model_id)]), prefix="")
     assert_error(
-        create(http, input_file_id=file["id"], endpoint="/v1/nope"), 400, "invalid_value", "endpoint"
+        create(http, prefix="", input_file_id=file["id"], endpoint="/v1/nope"),
+        400,
+        "invalid_value",
+        "endpoint",
     )
 
 
@@ -85,19 +66,19 @@ def test_a_bad_endpoint_is_400_invalid_value(http: httpx.Client, model_id: str) 
     ],
 )
 def test_bad_metadata_is_400(http: httpx.Client, model_id: str, metadata: Any, code: str) -> None:
-    file = upload(http, jsonl([chat_request("a", model_id)]))
-    assert_error(create(http, input_file_id=file["id"], metadata=metadata), 400, code, "metadata")
+    file = upload(http, jsonl([chat_request("a", model_id)]), prefix="")
+    assert_error(create(http, prefix="", input_file_id=file["id"], metadata=metadata), 400, code, "metadata")
 
 
 def test_an_unsupported_completion_window_is_400(http: httpx.Client, model_id: str) -> None:
-    file = upload(http, jsonl([chat_request("a", model_id)]))
-    response = create(http, input_file_id=file["id"], completion_window="1h")
+    file = upload(http, jsonl([chat_request("a", model_id)]), prefix="")
+    response = create(http, prefix="", input_file_id=file["id"], completion_window="1h")
     assert_error(response, 400, "invalid_value", "completion_window")
 
 
 def test_a_file_of_the_wrong_purpose_is_400_at_create(http: httpx.Client, model_id: str) -> None:
-    file = upload(http, jsonl([chat_request("a", model_id)]), purpose="user_data")
-    assert_error(create(http, input_file_id=file["id"]), 400, "invalid_value", "input_file_id")
+    file = upload(http, jsonl([chat_request("a", model_id)]), purpose="user_data", prefix="")
+    assert_error(create(http, prefix="", input_file_id=file["id"]), 400, "invalid_value", "input_file_id")
 
 
 def test_a_batch_input_that_is_not_jsonl_is_400(http: httpx.Client) -> None:
@@ -136,8 +117,8 @@ def test_a_file_over_the_limit_is_413(stack: Stack) -> None:
 
 
 def test_cancelling_a_terminal_batch_is_409(http: httpx.Client) -> None:
-    file = upload(http, b"not json\n")
-    batch = create(http, input_file_id=file["id"]).json()
+    file = upload(http, b"not json\n", prefix="")
+    batch = create(http, prefix="", input_file_id=file["id"]).json()
     wait_until(lambda: http.get(f"/batches/{batch['id']}").json()["status"] == "failed", what="failed")
     assert_error(http.post(f"/batches/{batch['id']}/cancel"), 409)
 

@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
 
 from deploy.local.stack import Stack
 from services.api.app import create_app
-from tests.integration.conftest import OwnStack
+from tests.support.stacks import OwnStack
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = int(os.environ.get("BATCHSTREAM_FUZZ_EXAMPLES", "25"))

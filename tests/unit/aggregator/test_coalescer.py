@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.aggregator.coalescer import ChunkCoalescer
-from tests.unit.aggregator.fake_clock import FakeClock
+from tests.support.fakes import FakeClock
 
 Event = tuple[str, int]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.aggregator.offset_gaps import GapRewinder, PartitionOffsets, unaccounted
-from tests.unit.aggregator.fake_clock import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def offsets(

@@ -3,33 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from services.aggregator import metrics
 from services.aggregator.supervisor import StallSupervisor
 from services.aggregator.watchdog import StallWatchdog
-from tests.unit.aggregator.fake_clock import FakeClock
-
-
-@dataclass
-class FakeResultsView:
-    """What faust's bookkeeping would say, set by the test."""
-
-    waiting: dict[str, int | None] = field(default_factory=lambda: {"results[0]": None})
-    current_phase: str = "recovering"
-    position: int = 0
-
-    def backlog(self) -> dict[str, int | None]:
-        return dict(self.waiting)
-
-    def phase(self) -> str:
-        return self.current_phase
-
-    def recovery_position(self) -> int:
-        return self.position
-
-    def describe(self) -> dict[str, dict[str, Any]]:
-        return {}
+from tests.support.fakes import FakeClock, FakeResultsView
 
 
 @dataclass

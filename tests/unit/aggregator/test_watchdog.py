@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.aggregator.watchdog import StallWatchdog
-from tests.unit.aggregator.fake_clock import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def make(timeout_s: float = 120.0, unassigned_timeout_s: float = 0.0) -> tuple[StallWatchdog, FakeClock]:

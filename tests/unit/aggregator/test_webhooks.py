@@ -20,7 +20,7 @@ from services.aggregator.webhooks import WebhookDeliverer
 from shared.documents import WebhookEventDocument
 from shared.settings import WebhookEndpoint, WebhookSettings
 from shared.webhook_signing import verify
-from tests.unit.aggregator.fake_clock import FakeClock
+from tests.support.fakes import FakeClock
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "webhooks.md"

@@ -10,7 +10,7 @@ from pymongo.errors import InvalidOperation
 
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.worker import AggregatorWorker, NotStarted
-from tests.unit.aggregator.test_supervisor import FakeResultsView
+from tests.support.fakes import FakeResultsView
 
 
 @dataclass

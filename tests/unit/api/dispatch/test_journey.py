@@ -6,7 +6,7 @@ import base64
 
 from services.api.dispatch.journey import JourneyBook, SentLine
 from shared.seen_lines import SeenLines
-from tests.unit.aggregator.fake_clock import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def sent(line: int, offset: int, attempt: int = 1) -> SentLine:

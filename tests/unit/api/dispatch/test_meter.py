@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.api.dispatch.meter import Backlog
-from tests.unit.aggregator.fake_clock import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def backlog(**kw: float) -> Backlog:

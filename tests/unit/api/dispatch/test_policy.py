@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from services.api.dispatch.policy import FairSharePolicy, Grant, QueuedBatch
-from tests.unit.aggregator.fake_clock import FakeClock
+from tests.support.fakes import FakeClock
 
 DAY = 24 * 3600.0
 
