@@ -127,7 +127,7 @@ class Finalizer:
         # there by a finalizer that died is complete even when this worker has no state for it
         # (the local stack empties the table when its memory-only broker lost the changelog).
         complete = status == "finalizing" or (status in lifecycle.RUNNING and 0 < total <= state.done)
-        reason = None if complete else close_reason(batch.model_dump(), time.time(), self._cancel_timeout_s)
+        reason = None if complete else close_reason(batch, time.time(), self._cancel_timeout_s)
         if not complete and reason is None:
             return None
         started = time.monotonic()
