@@ -5,9 +5,6 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
-
-from pymongo.asynchronous.collection import AsyncCollection
 
 from shared.stores.batches import BatchStore, BatchSummary
 
@@ -15,10 +12,10 @@ log = logging.getLogger(__name__)
 
 
 class BatchDirectory:
-    """An LRU cache of ``BatchSummary`` in front of the ``batches`` collection."""
+    """An LRU cache of ``BatchSummary`` in front of the batch store (``batch_cache_size`` entries)."""
 
-    def __init__(self, batches: AsyncCollection[dict[str, Any]], max_entries: int = 10_000) -> None:
-        self._batches = BatchStore(batches)
+    def __init__(self, batches: BatchStore, max_entries: int) -> None:
+        self._batches = batches
         self._max = max_entries
         self._cache: OrderedDict[str, BatchSummary] = OrderedDict()
 

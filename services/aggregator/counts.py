@@ -18,8 +18,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from pymongo.asynchronous.collection import AsyncCollection
-
 from services.aggregator import metrics
 from services.aggregator.state import BatchState
 from shared.stores.batches import BatchStore, LiveCounts
@@ -28,8 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class CountsFlusher:
-    def __init__(self, batches: AsyncCollection[dict[str, Any]], states: Mapping[str, Any]) -> None:
-        self._batches = BatchStore(batches)
+    def __init__(self, batches: BatchStore, states: Mapping[str, Any]) -> None:
+        self._batches = batches
         self._states = states
         self._dirty: set[str] = set()
         self._lock = asyncio.Lock()

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from services.aggregator import metrics
 from services.aggregator.batches import BatchDirectory
 from services.aggregator.counts import CountsFlusher
+from services.aggregator.settings import AggregatorConfig
 from services.aggregator.sinks import ChunkWriter, Finalizer
 from services.aggregator.state import BatchState
 from shared.protocol.messages import ResultMessage
@@ -48,7 +49,7 @@ def decode_results(values: Iterable[bytes | None]) -> dict[str, list[ResultMessa
 class FinalizeScheduler:
     """Runs at most one finalize per batch at a time, in the background of the hot path."""
 
-    def __init__(self, finalizer: Finalizer, concurrency: int = 2) -> None:
+    def __init__(self, finalizer: Finalizer, concurrency: int) -> None:
         self._finalizer = finalizer
         self._slots = asyncio.Semaphore(concurrency)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -80,22 +81,22 @@ class FinalizeScheduler:
 class ChunkProcessor:
     def __init__(
         self,
+        config: AggregatorConfig,
         *,
         states: MutableMapping[str, Any],
         directory: BatchDirectory,
         writer: ChunkWriter,
         counts: CountsFlusher,
         schedule_finalize: Callable[[str], None],
-        cancel_timeout_s: float = 60.0,
-        sweep_batch_limit: int = 500,
     ) -> None:
+        """``config``: the sweep's ``cancel_timeout_s`` and ``sweep_batch_limit``."""
         self._states = states
         self._directory = directory
         self._writer = writer
         self._counts = counts
         self._schedule_finalize = schedule_finalize
-        self._cancel_timeout_s = cancel_timeout_s
-        self._sweep_batch_limit = sweep_batch_limit
+        self._cancel_timeout_s = config.cancel_timeout_s
+        self._sweep_batch_limit = config.sweep_batch_limit
 
     async def process(self, values: Sequence[bytes | None]) -> None:
         for batch_id, results in decode_results(values).items():

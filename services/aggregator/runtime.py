@@ -22,6 +22,7 @@ from shared.mongo import Mongo
 from shared.settings import MongoSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
 
@@ -38,33 +39,30 @@ class Runtime:
         self.config = config
         self.mongo = Mongo(MongoSettings())
         self.store = ObjectStore(StorageSettings())
-        self.directory = BatchDirectory(self.mongo.batches, config.batch_cache_size)
-        self.counts = CountsFlusher(self.mongo.batches, states)
         self.webhook_settings = WebhookSettings()
         webhook_events = WebhookEventStore(self.mongo.webhook_events)
         recorder = EventRecorder(webhook_events, self.webhook_settings.endpoints)
         self.webhooks = WebhookDeliverer(webhook_events, self.webhook_settings)
-        self.ended_batches = BatchStore(self.mongo.batches, recorder.batch_ended)
+        # The one store of the batches collection: every batch end it moves records its event.
+        self.batches = BatchStore(self.mongo.batches, recorder.batch_ended)
+        self.directory = BatchDirectory(self.batches, config.batch_cache_size)
+        self.counts = CountsFlusher(self.batches, states)
         self.finalizer = Finalizer(
-            batches=self.mongo.batches,
-            files=self.mongo.files,
+            config,
+            batches=self.batches,
+            files=FileStore(self.mongo.files),
             store=self.store,
             states=states,
             directory=self.directory,
-            work_dir=config.data_dir,
-            download_concurrency=config.download_concurrency,
-            cancel_timeout_s=config.cancel_timeout_s,
-            on_end=recorder.batch_ended,
         )
         self.scheduler = FinalizeScheduler(self.finalizer, config.finalize_concurrency)
         self.processor = ChunkProcessor(
+            config,
             states=states,
             directory=self.directory,
             writer=ChunkWriter(self.store),
             counts=self.counts,
             schedule_finalize=self.scheduler.schedule,
-            cancel_timeout_s=config.cancel_timeout_s,
-            sweep_batch_limit=config.sweep_batch_limit,
         )
         self._bucket_ready = False
 
@@ -82,9 +80,9 @@ class Runtime:
         """Record the events of batches ended by a process killed before it recorded them
         (``BatchStore.unrecorded_ends``); returns how many."""
         cutoff = time.time() - self.webhook_settings.missed_end_after_s
-        missed = await self.ended_batches.unrecorded_ends(cutoff, limit)
+        missed = await self.batches.unrecorded_ends(cutoff, limit)
         for batch in missed:
-            await self.ended_batches.announce_end(batch)
+            await self.batches.announce_end(batch)
         if missed:
             log.warning("recorded missed batch ends", extra={"batch_ids": [b.id for b in missed]})
         return len(missed)

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pymongo.asynchronous.collection import AsyncCollection
-
 from services.aggregator import metrics
 from services.aggregator.batches import BatchDirectory
 from services.aggregator.chunks import encode_chunk, merge_and_split
 from services.aggregator.closing import close_reason, write_fill
+from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState, SeenLines
 from shared import lifecycle
 from shared.documents import FileDocument
@@ -33,12 +32,10 @@ from shared.protocol.messages import NotRunCode, ResultMessage
 from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
 from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
-from shared.stores.batches import BatchStore, EndListener
+from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 
 log = logging.getLogger(__name__)
-
-Document = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -83,25 +80,24 @@ class Finalizer:
 
     def __init__(
         self,
+        config: AggregatorConfig,
         *,
-        batches: AsyncCollection[Document],
-        files: AsyncCollection[Document],
+        batches: BatchStore,
+        files: FileStore,
         store: ObjectStore,
         states: MutableMapping[str, Any],
         directory: BatchDirectory,
-        work_dir: str,
-        download_concurrency: int = 16,
-        cancel_timeout_s: float = 60.0,
-        on_end: EndListener | None = None,
     ) -> None:
-        self._batches = BatchStore(batches, on_end)
-        self._files = FileStore(files)
+        """``config``: the scratch directory (``data_dir``), ``download_concurrency`` and
+        ``cancel_timeout_s``; ``batches`` calls its end listener when a batch ends."""
+        self._batches = batches
+        self._files = files
         self._store = store
         self._states = states
         self._directory = directory
-        self._work_dir = work_dir
-        self._download_slots = asyncio.Semaphore(download_concurrency)
-        self._cancel_timeout_s = cancel_timeout_s
+        self._work_dir = config.data_dir
+        self._download_slots = asyncio.Semaphore(config.download_concurrency)
+        self._cancel_timeout_s = config.cancel_timeout_s
 
     async def finalize(self, batch_id: str) -> str | None:
         """End the batch if it is due; returns the status it ended in (None: not due yet).

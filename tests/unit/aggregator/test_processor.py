@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from services.aggregator.processor import ChunkProcessor, decode_results
+from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.kafka import encode
 from shared.protocol.messages import ResponsePayload, ResultMessage
@@ -64,6 +65,7 @@ def make(writer: FakeWriter, status: str = "in_progress", total: int = 3) -> tup
     directory = FakeDirectory({"b1": BatchSummary("b1", status, total, "p", None)})
     counts = FakeCounts()
     processor = ChunkProcessor(
+        AggregatorConfig(),
         states=states,
         directory=directory,  # type: ignore[arg-type]
         writer=writer,  # type: ignore[arg-type]
