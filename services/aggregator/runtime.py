@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import MutableMapping
 from typing import Any
 
 from services.aggregator.batches import BatchDirectory
-from services.aggregator.counts import CountsFlusher
-from services.aggregator.processor import ChunkProcessor, FinalizeScheduler
+from services.aggregator.counting import ChunkProcessor, ChunkWriter, CountsFlusher
+from services.aggregator.finalize import Finalizer, FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
-from services.aggregator.sinks import ChunkWriter, Finalizer
 from services.aggregator.webhooks import WebhookDeliverer
 from shared.kafka import key_partition
 from shared.mongo import Mongo
@@ -62,19 +61,8 @@ class Runtime:
             directory=self.directory,
             writer=ChunkWriter(self.store),
             counts=self.counts,
-            schedule_finalize=self.scheduler.schedule,
+            finalize=self.scheduler,
         )
-        self._bucket_ready = False
-
-    async def ensure_bucket(self) -> None:
-        if not self._bucket_ready:
-            await self.store.ensure_bucket()
-            self._bucket_ready = True
-
-    async def process_chunk(self, values: Sequence[bytes | None]) -> None:
-        """One chunk of raw result values through the processor (the bucket made first)."""
-        await self.ensure_bucket()
-        await self.processor.process(values)
 
     async def record_missed_ends(self, limit: int = 100) -> int:
         """Record the events of batches ended by a process killed before it recorded them

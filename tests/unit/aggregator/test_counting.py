@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from services.aggregator.processor import ChunkProcessor, decode_results
+from services.aggregator.counting import ChunkProcessor, decode_results
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.kafka import encode
@@ -41,6 +41,9 @@ class FakeWriter:
         self.discarded: list[str] = []
         self.fail = fail
 
+    async def ensure_bucket(self) -> None:
+        pass
+
     async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
         if self.fail:
             raise OSError("storage down")
@@ -59,9 +62,17 @@ class FakeCounts:
         self.dirty.add(batch_id)
 
 
+class FakeFinalize:
+    def __init__(self) -> None:
+        self.scheduled: list[str] = []
+
+    def schedule(self, batch_id: str) -> None:
+        self.scheduled.append(batch_id)
+
+
 def make(writer: FakeWriter, status: str = "in_progress", total: int = 3) -> tuple[Any, ...]:
     states: dict[str, Any] = {}
-    finalized: list[str] = []
+    finalize = FakeFinalize()
     directory = FakeDirectory({"b1": BatchSummary("b1", status, total, "p", None)})
     counts = FakeCounts()
     processor = ChunkProcessor(
@@ -70,9 +81,9 @@ def make(writer: FakeWriter, status: str = "in_progress", total: int = 3) -> tup
         directory=directory,  # type: ignore[arg-type]
         writer=writer,  # type: ignore[arg-type]
         counts=counts,  # type: ignore[arg-type]
-        schedule_finalize=finalized.append,
+        finalize=finalize,  # type: ignore[arg-type]
     )
-    return processor, states, counts, finalized
+    return processor, states, counts, finalize.scheduled
 
 
 def test_decode_skips_undecodable_and_batchless() -> None:

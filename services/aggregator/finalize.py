@@ -1,4 +1,9 @@
-"""Object-storage sinks: the chunk writer (hot path) and the finalizer (once per batch).
+"""Finalize: a batch's chunks merged into its output and error files, and the batch ended.
+
+``FinalizeScheduler`` runs at most ``finalize_concurrency`` finalizations at once, one per batch,
+in the background of the hot path (counting schedules a batch once every line is counted; the
+sweep, one that is due). ``Finalizer`` merges the chunks (``chunks.py``), fills the lines of a
+batch ended early (``closing.py``), registers the files and ends the batch.
 
 Finalize is idempotent and crash-safe: file ids derive from the batch id, file documents are
 upserted, and the batch moves to its terminal status only after both files are stored, so a
@@ -10,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import secrets
 import shutil
 import tempfile
 import time
@@ -21,14 +25,14 @@ from typing import Any
 
 from services.aggregator import metrics
 from services.aggregator.batches import BatchDirectory
-from services.aggregator.chunks import encode_chunk, merge_and_split
+from services.aggregator.chunks import merge_and_split
 from services.aggregator.closing import close_reason, write_fill
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState, SeenLines
 from shared import lifecycle
 from shared.documents import FileDocument
 from shared.input_lines import request_lines
-from shared.protocol.messages import NotRunCode, ResultMessage
+from shared.protocol.messages import NotRunCode
 from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
 from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
@@ -58,21 +62,36 @@ def _make_work_dir(parent: str, batch_id: str) -> str:
     return tempfile.mkdtemp(dir=parent, prefix=f"{batch_id}-")
 
 
-class ChunkWriter:
-    """Writes one chunk object per batch per processed chunk of results."""
+class FinalizeScheduler:
+    """Runs at most one finalize per batch at a time, in the background of the hot path."""
 
-    def __init__(self, store: ObjectStore) -> None:
-        self._store = store
+    def __init__(self, finalizer: Finalizer, concurrency: int) -> None:
+        self._finalizer = finalizer
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: dict[str, asyncio.Task[None]] = {}
 
-    async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
-        """Store ``results`` (sorted by line) as one object; the name sorts by write time."""
-        key = f"{result_chunk_prefix(batch_id)}{time.time_ns():020d}-{secrets.token_hex(4)}.chunk"
-        await self._store.put_bytes(key, encode_chunk(results))
-        metrics.CHUNKS_WRITTEN.inc()
-        return key
+    def schedule(self, batch_id: str) -> None:
+        if batch_id not in self._running:
+            self._running[batch_id] = asyncio.create_task(self._run(batch_id))
 
-    async def discard(self, key: str) -> None:
-        await self._store.delete(key)
+    async def _run(self, batch_id: str) -> None:
+        try:
+            async with self._slots:
+                await self._finalizer.finalize(batch_id)
+        except Exception:
+            # The sweep tries again; nothing is lost while the document is not terminal.
+            log.exception("finalize failed", extra={"batch_id": batch_id})
+        finally:
+            self._running.pop(batch_id, None)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let running finalizations finish (on shutdown); cancel what remains after timeout."""
+        tasks = list(self._running.values())
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
 
 
 class Finalizer:
