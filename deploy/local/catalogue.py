@@ -6,6 +6,9 @@ Start order (``down`` stops them in reverse):
 - ``mongo``: SecantusDB (a MongoDB-wire server), data on disk.
 - ``s3``: SeaweedFS ``weed mini`` (an S3 server), data on disk.
 - ``api``, ``aggregator`` and one ``inference-<model>`` worker per served model.
+
+The catalogue reads a stack through ``StackLayout`` (its ports, directories, interpreters and
+environment) and never imports ``stack``: ``stack`` imports the catalogue, not the other way round.
 """
 
 from __future__ import annotations
@@ -16,17 +19,16 @@ import json
 import os
 import shutil
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from deploy.local.errors import StackError
+from deploy.local.ports import Ports
 from deploy.local.probes import Probe, http_ready, s3_ready, tcp_ready
+from shared.settings import StorageSettings
 from shared.topics import model_slug
-
-if TYPE_CHECKING:
-    from deploy.local.stack import Stack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STAND_INS = ("kafka", "mongo", "s3")
@@ -97,14 +99,40 @@ class Component:
     description: str = ""
 
 
-def components(stack: Stack) -> dict[str, Component]:
+class StackLayout(Protocol):
+    """What the components are built from (``stack.Stack`` has all of it)."""
+
+    @property
+    def ports(self) -> Ports: ...
+    @property
+    def models(self) -> Sequence[ModelSpec]: ...
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def data_dir(self) -> Path: ...
+    @property
+    def storage(self) -> StorageSettings: ...
+    @property
+    def main_python(self) -> str: ...
+    @property
+    def inference_python(self) -> str: ...
+    @property
+    def inference_start_timeout_s(self) -> float: ...
+    @property
+    def extra_env(self) -> Mapping[str, str]: ...
+    @property
+    def base_url(self) -> str: ...
+    def service_env(self, **extra: str) -> dict[str, str]: ...
+
+
+def components(stack: StackLayout) -> dict[str, Component]:
     """The stack's components by name, in start order."""
     comps = [_kafka(stack), _mongo(stack), _s3(stack), _api(stack), _aggregator(stack)]
     comps += [_inference(stack, n, model) for n, model in enumerate(stack.models)]
     return {c.name: c for c in comps}
 
 
-def _kafka(stack: Stack) -> Component:
+def _kafka(stack: StackLayout) -> Component:
     port = stack.ports.kafka
     return Component(
         "kafka",
@@ -125,7 +153,7 @@ def _kafka(stack: Stack) -> Component:
     )
 
 
-def _mongo(stack: Stack) -> Component:
+def _mongo(stack: StackLayout) -> Component:
     port, data = stack.ports.mongo, stack.data_dir / "mongo"
     return Component(
         "mongo",
@@ -138,7 +166,7 @@ def _mongo(stack: Stack) -> Component:
     )
 
 
-def _s3(stack: Stack) -> Component:
+def _s3(stack: StackLayout) -> Component:
     p, s3_dir = stack.ports, stack.data_dir / "s3"
     identities = stack.state_dir / "s3-identities.json"
     return Component(
@@ -188,7 +216,7 @@ def _prepare_s3(s3_dir: Path, identities: Path, access_key: str, secret_key: str
     identities.chmod(0o600)
 
 
-def _api(stack: Stack) -> Component:
+def _api(stack: StackLayout) -> Component:
     port = stack.ports.api
     return Component(
         "api",
@@ -221,7 +249,7 @@ AGGREGATOR_LOCAL_DEFAULTS = {
 }
 
 
-def _aggregator(stack: Stack) -> Component:
+def _aggregator(stack: StackLayout) -> Component:
     port, data = stack.ports.aggregator, stack.data_dir / "aggregator"
     env = stack.service_env()
     for key, value in AGGREGATOR_LOCAL_DEFAULTS.items():
@@ -251,7 +279,7 @@ INFERENCE_SESSION_DEFAULTS = {
 }
 
 
-def _inference(stack: Stack, n: int, model: ModelSpec) -> Component:
+def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
     port = stack.ports.inference + n
     env = {
         "BATCHSTREAM_INFERENCE_ENGINE": model.engine,

@@ -1,9 +1,11 @@
 """Wiring only: the results agent, the timers, the pages and the worker's own service.
 
-What each piece does lives in its module: the agent's body in ``intake.py``, the timers in
-``timers.py``, the pages in ``pages.py``, the clients and the stall check in ``worker.py``,
-and everything read from faust's internals in ``faust_adapter.py``. Importing this module builds
-no client: they are built when the worker starts.
+What each piece does lives in its module. A result goes from the agent here to ``intake.py``
+(chunks cut, acked once stored), ``counting.py`` (stored, counted, live counts flushed) and
+``finalize.py`` (the batch's files written, the batch ended). The timers are in ``timers.py`` and
+``counting.py``, the pages in ``pages.py``, the clients and the stall check in ``worker.py``, and
+everything read from faust's internals in ``faust_adapter.py``. Importing this module builds no
+client: they are built when the worker starts.
 """
 
 from __future__ import annotations
@@ -31,24 +33,17 @@ rewinder: GapRewinder[TP] = GapRewinder(config.gap_rewind_after_s)
 @app.agent(results, concurrency=1)
 async def aggregate(stream: StreamT[bytes]) -> None:
     """Process results in chunks; ack a chunk's events only once it is stored and counted."""
-    runtime = worker.runtime
     intake: ResultsIntake[EventT[bytes]] = ResultsIntake(
-        process=runtime.process_chunk,
-        ack=stream.ack,
-        after_chunk=lambda: timers.flush_counts(runtime),  # counts reach MongoDB right after a chunk
-        remaining=runtime.processor.remaining,
-        progress=worker.stall_check.progress,
-        max_lines=config.chunk_lines,
-        max_age_s=config.chunk_seconds,
+        config, stream=stream, processor=worker.runtime.processor, stall_check=worker.stall_check
     )
-    async with intake.running(tick_s=config.chunk_poll_seconds):
+    async with intake.running():
         async for events in noack_chunks(stream, config.chunk_lines, config.chunk_poll_seconds):
             await intake.add(events)
 
 
 @app.timer(config.counts_flush_seconds)
 async def flush_counts() -> None:
-    await timers.flush_counts(worker.runtime)
+    await worker.runtime.processor.flush_counts()
 
 
 @app.timer(config.sweep_seconds)

@@ -16,9 +16,9 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from shared import lifecycle
+from shared.documents import BatchDocument
 from shared.input_lines import InputLine
 from shared.protocol.messages import LineError, NotRunCode
 from shared.result_chunks import Record, compact_json
@@ -37,17 +37,16 @@ EXPIRED = CloseReason("expired", "batch_expired")
 CANCELLED = CloseReason("cancelled", "batch_cancelled")
 
 
-def close_reason(doc: dict[str, Any], now: float, cancel_timeout_s: float) -> CloseReason | None:
+def close_reason(batch: BatchDocument, now: float, cancel_timeout_s: float) -> CloseReason | None:
     """Why the batch must end now although lines lack results, or None when it need not."""
-    status = doc.get("status")
-    if status == "cancelling":
-        cancelling_at = doc.get("cancelling_at")
+    if batch.status == "cancelling":
+        cancelling_at = batch.cancelling_at
         # dispatch_settled: the api's dispatcher saw every line it sent come back (no wait).
-        if cancelling_at is None or cancelling_at + cancel_timeout_s <= now or doc.get("dispatch_settled"):
+        if cancelling_at is None or cancelling_at + cancel_timeout_s <= now or batch.dispatch_settled:
             return CANCELLED
         return None
-    expires_at = doc.get("expires_at")
-    if status in lifecycle.EXPIRABLE and expires_at is not None and expires_at <= now:
+    expires_at = batch.expires_at
+    if batch.status in lifecycle.EXPIRABLE and expires_at is not None and expires_at <= now:
         return EXPIRED
     return None
 

@@ -8,20 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import MutableMapping
 from typing import Any
 
 from services.aggregator.batches import BatchDirectory
-from services.aggregator.counts import CountsFlusher
-from services.aggregator.processor import ChunkProcessor, FinalizeScheduler
+from services.aggregator.counting import ChunkProcessor, ChunkWriter, CountsFlusher
+from services.aggregator.finalize import Finalizer, FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
-from services.aggregator.sinks import ChunkWriter, Finalizer
 from services.aggregator.webhooks import WebhookDeliverer
 from shared.kafka import key_partition
 from shared.mongo import Mongo
 from shared.settings import MongoSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
+from shared.stores.files import FileStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
 
@@ -38,53 +38,39 @@ class Runtime:
         self.config = config
         self.mongo = Mongo(MongoSettings())
         self.store = ObjectStore(StorageSettings())
-        self.directory = BatchDirectory(self.mongo.batches, config.batch_cache_size)
-        self.counts = CountsFlusher(self.mongo.batches, states)
         self.webhook_settings = WebhookSettings()
         webhook_events = WebhookEventStore(self.mongo.webhook_events)
         recorder = EventRecorder(webhook_events, self.webhook_settings.endpoints)
         self.webhooks = WebhookDeliverer(webhook_events, self.webhook_settings)
-        self.ended_batches = BatchStore(self.mongo.batches, recorder.batch_ended)
+        # The one store of the batches collection: every batch end it moves records its event.
+        self.batches = BatchStore(self.mongo.batches, recorder.batch_ended)
+        self.directory = BatchDirectory(self.batches, config.batch_cache_size)
+        self.counts = CountsFlusher(self.batches, states)
         self.finalizer = Finalizer(
-            batches=self.mongo.batches,
-            files=self.mongo.files,
+            config,
+            batches=self.batches,
+            files=FileStore(self.mongo.files),
             store=self.store,
             states=states,
             directory=self.directory,
-            work_dir=config.data_dir,
-            download_concurrency=config.download_concurrency,
-            cancel_timeout_s=config.cancel_timeout_s,
-            on_end=recorder.batch_ended,
         )
         self.scheduler = FinalizeScheduler(self.finalizer, config.finalize_concurrency)
         self.processor = ChunkProcessor(
+            config,
             states=states,
             directory=self.directory,
             writer=ChunkWriter(self.store),
             counts=self.counts,
-            schedule_finalize=self.scheduler.schedule,
-            cancel_timeout_s=config.cancel_timeout_s,
-            sweep_batch_limit=config.sweep_batch_limit,
+            finalize=self.scheduler,
         )
-        self._bucket_ready = False
-
-    async def ensure_bucket(self) -> None:
-        if not self._bucket_ready:
-            await self.store.ensure_bucket()
-            self._bucket_ready = True
-
-    async def process_chunk(self, values: Sequence[bytes | None]) -> None:
-        """One chunk of raw result values through the processor (the bucket made first)."""
-        await self.ensure_bucket()
-        await self.processor.process(values)
 
     async def record_missed_ends(self, limit: int = 100) -> int:
         """Record the events of batches ended by a process killed before it recorded them
         (``BatchStore.unrecorded_ends``); returns how many."""
         cutoff = time.time() - self.webhook_settings.missed_end_after_s
-        missed = await self.ended_batches.unrecorded_ends(cutoff, limit)
+        missed = await self.batches.unrecorded_ends(cutoff, limit)
         for batch in missed:
-            await self.ended_batches.announce_end(batch)
+            await self.batches.announce_end(batch)
         if missed:
             log.warning("recorded missed batch ends", extra={"batch_ids": [b.id for b in missed]})
         return len(missed)

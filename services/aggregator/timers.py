@@ -1,4 +1,6 @@
-"""What the aggregator's timers do (``agents.py`` declares them): counts, sweep, offset rewinds.
+"""What the aggregator's timers do (``agents.py`` declares them): the sweep and offset rewinds.
+
+The third timer, the counts flush, is ``counting.ChunkProcessor.flush_counts``.
 
 faust runs these once the first table recovery is over; the stall check is not among them for
 that reason (``supervisor.py``).
@@ -16,16 +18,8 @@ from services.aggregator.runtime import Runtime, partition_for
 log = logging.getLogger(__name__)
 
 
-async def flush_counts(runtime: Runtime) -> None:
-    """Live counts to MongoDB; a failure is retried at the next flush (nothing is lost)."""
-    try:
-        await runtime.counts.flush()
-    except Exception:
-        log.exception("counts flush failed; retrying at the next flush")
-
-
 async def sweep(runtime: Runtime, results: ResultsPartitions, partitions: int) -> None:
-    """Schedule finalize for the batches this worker owns that are due (``processor.sweep``)."""
+    """Schedule finalize for the batches this worker owns that are due (``counting.ChunkProcessor.sweep``)."""
     try:
         due = await runtime.processor.sweep(
             lambda batch_id: results.owns(partition_for(batch_id, partitions))

@@ -40,7 +40,7 @@ class StallWatchdog:
     def __init__(
         self,
         timeout_s: float,
-        unassigned_timeout_s: float = 0.0,
+        unassigned_timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.timeout_s = timeout_s

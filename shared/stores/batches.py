@@ -65,6 +65,15 @@ class BatchSummary:
     project: str
     expires_at: int | None
 
+    @property
+    def terminal(self) -> bool:
+        return self.status in lifecycle.TERMINAL
+
+    @property
+    def settled(self) -> bool:
+        """True when a cached copy can be trusted (total known, or the batch is over)."""
+        return self.terminal or (self.status in lifecycle.RUNNING and self.total > 0)
+
 
 def _now() -> int:
     return int(time.time())

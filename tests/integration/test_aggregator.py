@@ -27,7 +27,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from deploy.local import REPO_ROOT, Stack
-from services.aggregator.sinks import output_file_id
+from services.aggregator.finalize import output_file_id
 from shared.kafka import encode
 from shared.mongo import Mongo
 from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
@@ -358,7 +358,7 @@ async def test_a_batch_left_finalizing_without_state_ends_from_its_chunks(
     output = await read_lines(clients.store, doc["output_file_id"])
     assert [line["custom_id"] for line in output] == ["req-1", "req-2", "req-3", "req-5"]
 
-    async def chunks_deleted() -> bool:  # deleted after the batch ends (sinks.py), so waited for
+    async def chunks_deleted() -> bool:  # deleted after the batch ends (finalize.py), so waited for
         return not await clients.store.list_keys(result_chunk_prefix(batch_id))
 
     await eventually(chunks_deleted, 10, "chunk objects deleted")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from services.aggregator.chunks import merge_and_split
 from services.aggregator.closing import (
@@ -13,25 +14,35 @@ from services.aggregator.closing import (
     write_fill,
 )
 from services.aggregator.state import SeenLines
+from shared.documents import BatchDocument
 from shared.input_lines import InputLine, request_lines
+from shared.lifecycle import BatchStatus
+
+
+def batch(status: BatchStatus, **fields: Any) -> BatchDocument:
+    return BatchDocument(
+        _id="batch_1",
+        endpoint="/v1/chat/completions",
+        input_file_id="file-1",
+        created_at=0,
+        status=status,
+        **fields,
+    )
 
 
 def test_close_reason() -> None:
     now = 1_000.0
-    assert close_reason({"status": "in_progress", "expires_at": 999}, now, 60) == EXPIRED
-    assert close_reason({"status": "validating", "expires_at": 1000}, now, 60) == EXPIRED
-    assert close_reason({"status": "finalizing", "expires_at": 999}, now, 60) == EXPIRED
-    assert close_reason({"status": "in_progress", "expires_at": 1001}, now, 60) is None
-    assert close_reason({"status": "cancelling", "cancelling_at": 940}, now, 60) == CANCELLED
-    assert close_reason({"status": "cancelling", "cancelling_at": 941}, now, 60) is None
+    assert close_reason(batch("in_progress", expires_at=999), now, 60) == EXPIRED
+    assert close_reason(batch("validating", expires_at=1000), now, 60) == EXPIRED
+    assert close_reason(batch("finalizing", expires_at=999), now, 60) == EXPIRED
+    assert close_reason(batch("in_progress", expires_at=1001), now, 60) is None
+    assert close_reason(batch("cancelling", cancelling_at=940), now, 60) == CANCELLED
+    assert close_reason(batch("cancelling", cancelling_at=941), now, 60) is None
     # The dispatcher saw every line it sent come back: no need to wait for the timeout.
-    assert (
-        close_reason({"status": "cancelling", "cancelling_at": 990, "dispatch_settled": True}, now, 60)
-        == CANCELLED
-    )
+    assert close_reason(batch("cancelling", cancelling_at=990, dispatch_settled=True), now, 60) == CANCELLED
     # The cancel timeout wins over expiry while cancelling; terminal batches are never closed.
-    assert close_reason({"status": "cancelling", "cancelling_at": 990, "expires_at": 0}, now, 60) is None
-    assert close_reason({"status": "completed", "expires_at": 0}, now, 60) is None
+    assert close_reason(batch("cancelling", cancelling_at=990, expires_at=0), now, 60) is None
+    assert close_reason(batch("completed", expires_at=0), now, 60) is None
 
 
 def lines(*items: bytes) -> AsyncIterator[InputLine]:

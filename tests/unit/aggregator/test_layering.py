@@ -9,13 +9,13 @@ from pathlib import Path
 
 AGGREGATOR = Path(__file__).resolve().parents[3] / "services" / "aggregator"
 FAUST_FREE = [
-    "processor",
-    "state",
-    "closing",
-    "coalescer",
-    "pipeline",
-    "chunks",
     "intake",
+    "counting",
+    "state",
+    "batches",
+    "finalize",
+    "chunks",
+    "closing",
     "watchdog",
     "supervisor",
     "offset_gaps",

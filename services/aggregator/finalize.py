@@ -1,4 +1,9 @@
-"""Object-storage sinks: the chunk writer (hot path) and the finalizer (once per batch).
+"""Finalize: a batch's chunks merged into its output and error files, and the batch ended.
+
+``FinalizeScheduler`` runs at most ``finalize_concurrency`` finalizations at once, one per batch,
+in the background of the hot path (counting schedules a batch once every line is counted; the
+sweep, one that is due). ``Finalizer`` merges the chunks (``chunks.py``), fills the lines of a
+batch ended early (``closing.py``), registers the files and ends the batch.
 
 Finalize is idempotent and crash-safe: file ids derive from the batch id, file documents are
 upserted, and the batch moves to its terminal status only after both files are stored, so a
@@ -10,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import secrets
 import shutil
 import tempfile
 import time
@@ -19,26 +23,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pymongo.asynchronous.collection import AsyncCollection
-
 from services.aggregator import metrics
 from services.aggregator.batches import BatchDirectory
-from services.aggregator.chunks import encode_chunk, merge_and_split
+from services.aggregator.chunks import merge_and_split
 from services.aggregator.closing import close_reason, write_fill
+from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState, SeenLines
 from shared import lifecycle
 from shared.documents import FileDocument
 from shared.input_lines import request_lines
-from shared.protocol.messages import NotRunCode, ResultMessage
+from shared.protocol.messages import NotRunCode
 from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
-from shared.storage import ObjectNotFound, ObjectStore, file_key, result_chunk_prefix
-from shared.stores.batches import BatchStore, EndListener
+from shared.storage import ObjectNotFound, ObjectStore, batch_prefix, file_key, result_chunk_prefix
+from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 
 log = logging.getLogger(__name__)
-
-Document = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -61,21 +62,36 @@ def _make_work_dir(parent: str, batch_id: str) -> str:
     return tempfile.mkdtemp(dir=parent, prefix=f"{batch_id}-")
 
 
-class ChunkWriter:
-    """Writes one chunk object per batch per processed chunk of results."""
+class FinalizeScheduler:
+    """Runs at most one finalize per batch at a time, in the background of the hot path."""
 
-    def __init__(self, store: ObjectStore) -> None:
-        self._store = store
+    def __init__(self, finalizer: Finalizer, concurrency: int) -> None:
+        self._finalizer = finalizer
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: dict[str, asyncio.Task[None]] = {}
 
-    async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
-        """Store ``results`` (sorted by line) as one object; the name sorts by write time."""
-        key = f"{result_chunk_prefix(batch_id)}{time.time_ns():020d}-{secrets.token_hex(4)}.chunk"
-        await self._store.put_bytes(key, encode_chunk(results))
-        metrics.CHUNKS_WRITTEN.inc()
-        return key
+    def schedule(self, batch_id: str) -> None:
+        if batch_id not in self._running:
+            self._running[batch_id] = asyncio.create_task(self._run(batch_id))
 
-    async def discard(self, key: str) -> None:
-        await self._store.delete(key)
+    async def _run(self, batch_id: str) -> None:
+        try:
+            async with self._slots:
+                await self._finalizer.finalize(batch_id)
+        except Exception:
+            # The sweep tries again; nothing is lost while the document is not terminal.
+            log.exception("finalize failed", extra={"batch_id": batch_id})
+        finally:
+            self._running.pop(batch_id, None)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let running finalizations finish (on shutdown); cancel what remains after timeout."""
+        tasks = list(self._running.values())
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
 
 
 class Finalizer:
@@ -83,25 +99,24 @@ class Finalizer:
 
     def __init__(
         self,
+        config: AggregatorConfig,
         *,
-        batches: AsyncCollection[Document],
-        files: AsyncCollection[Document],
+        batches: BatchStore,
+        files: FileStore,
         store: ObjectStore,
         states: MutableMapping[str, Any],
         directory: BatchDirectory,
-        work_dir: str,
-        download_concurrency: int = 16,
-        cancel_timeout_s: float = 60.0,
-        on_end: EndListener | None = None,
     ) -> None:
-        self._batches = BatchStore(batches, on_end)
-        self._files = FileStore(files)
+        """``config``: the scratch directory (``data_dir``), ``download_concurrency`` and
+        ``cancel_timeout_s``; ``batches`` calls its end listener when a batch ends."""
+        self._batches = batches
+        self._files = files
         self._store = store
         self._states = states
         self._directory = directory
-        self._work_dir = work_dir
-        self._download_slots = asyncio.Semaphore(download_concurrency)
-        self._cancel_timeout_s = cancel_timeout_s
+        self._work_dir = config.data_dir
+        self._download_slots = asyncio.Semaphore(config.download_concurrency)
+        self._cancel_timeout_s = config.cancel_timeout_s
 
     async def finalize(self, batch_id: str) -> str | None:
         """End the batch if it is due; returns the status it ended in (None: not due yet).
@@ -127,7 +142,7 @@ class Finalizer:
         # there by a finalizer that died is complete even when this worker has no state for it
         # (the local stack empties the table when its memory-only broker lost the changelog).
         complete = status == "finalizing" or (status in lifecycle.RUNNING and 0 < total <= state.done)
-        reason = None if complete else close_reason(batch.model_dump(), time.time(), self._cancel_timeout_s)
+        reason = None if complete else close_reason(batch, time.time(), self._cancel_timeout_s)
         if not complete and reason is None:
             return None
         started = time.monotonic()
@@ -168,7 +183,8 @@ class Finalizer:
         """Forget a terminal batch: its chunk objects, its table entry, an input file deleted
         while it ran (``shared/released_files.py``)."""
         self._directory.mark(batch_id, status)
-        await self._store.delete_prefix(result_chunk_prefix(batch_id))
+        # The result chunks and the dispatch order: nothing reads them once the files exist.
+        await self._store.delete_prefix(batch_prefix(batch_id))
         if batch_id in self._states:
             del self._states[batch_id]
         await purge_if_released(self._files, self._batches, self._store, input_file_id)

@@ -4,11 +4,12 @@ from typing import Any
 
 import pytest
 
-from services.aggregator.batches import BatchInfo
-from services.aggregator.processor import ChunkProcessor, decode_results
+from services.aggregator.counting import ChunkProcessor, decode_results
+from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.kafka import encode
 from shared.protocol.messages import ResponsePayload, ResultMessage
+from shared.stores.batches import BatchSummary
 
 
 def raw(batch_id: str | None, line: int, status: int = 200) -> bytes:
@@ -24,13 +25,13 @@ def raw(batch_id: str | None, line: int, status: int = 200) -> bytes:
 
 
 class FakeDirectory:
-    def __init__(self, infos: dict[str, BatchInfo]) -> None:
+    def __init__(self, infos: dict[str, BatchSummary]) -> None:
         self.infos = infos
 
-    async def get(self, batch_id: str) -> BatchInfo | None:
+    async def get(self, batch_id: str) -> BatchSummary | None:
         return self.infos.get(batch_id)
 
-    def cached(self, batch_id: str) -> BatchInfo | None:
+    def cached(self, batch_id: str) -> BatchSummary | None:
         return self.infos.get(batch_id)
 
 
@@ -39,6 +40,9 @@ class FakeWriter:
         self.chunks: list[tuple[str, list[int | None]]] = []
         self.discarded: list[str] = []
         self.fail = fail
+
+    async def ensure_bucket(self) -> None:
+        pass
 
     async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
         if self.fail:
@@ -58,19 +62,28 @@ class FakeCounts:
         self.dirty.add(batch_id)
 
 
+class FakeFinalize:
+    def __init__(self) -> None:
+        self.scheduled: list[str] = []
+
+    def schedule(self, batch_id: str) -> None:
+        self.scheduled.append(batch_id)
+
+
 def make(writer: FakeWriter, status: str = "in_progress", total: int = 3) -> tuple[Any, ...]:
     states: dict[str, Any] = {}
-    finalized: list[str] = []
-    directory = FakeDirectory({"b1": BatchInfo("b1", status, total, "p")})
+    finalize = FakeFinalize()
+    directory = FakeDirectory({"b1": BatchSummary("b1", status, total, "p", None)})
     counts = FakeCounts()
     processor = ChunkProcessor(
+        AggregatorConfig(),
         states=states,
         directory=directory,  # type: ignore[arg-type]
         writer=writer,  # type: ignore[arg-type]
         counts=counts,  # type: ignore[arg-type]
-        schedule_finalize=finalized.append,
+        finalize=finalize,  # type: ignore[arg-type]
     )
-    return processor, states, counts, finalized
+    return processor, states, counts, finalize.scheduled
 
 
 def test_decode_skips_undecodable_and_batchless() -> None:
@@ -112,7 +125,7 @@ async def test_a_batch_ended_by_a_finalize_during_the_write_keeps_no_chunk_and_n
 
     async def write_while_finalized(batch_id: str, results: list[ResultMessage]) -> str:
         key = await write(batch_id, results)
-        directory.infos["b1"] = BatchInfo("b1", "cancelled", 3, "p")  # Finalizer.cleanup's mark
+        directory.infos["b1"] = BatchSummary("b1", "cancelled", 3, "p", None)  # Finalizer.cleanup's mark
         return key
 
     writer.write = write_while_finalized  # type: ignore[method-assign]

@@ -1,31 +1,46 @@
-"""The hot path, free of faust: one chunk of raw result messages in, state and chunks out.
+"""Counting, the hot path, free of faust: one chunk of raw result messages in, state and chunks out.
 
 Order per batch, which makes at-least-once delivery exactly-once in effect:
 1. drop lines the state has seen (and repeats within the chunk);
-2. write the new lines as one chunk object;
+2. write the new lines as one chunk object (``ChunkWriter``);
 3. only then mark them seen and count them in the state (the faust table);
-4. the caller acks the events, so faust commits their offsets after the changelog is flushed.
+4. the caller acks the events, so faust commits their offsets after the changelog is flushed;
+5. the live counts of the batches touched reach MongoDB (``CountsFlusher``).
 A crash between 2 and 3 leaves lines in a chunk but unseen: they are redelivered, written again
-in another chunk, and finalize keeps one copy per line.
+in another chunk, and finalize keeps one copy per line. A batch whose every line is counted is
+handed to the finalize scheduler (``finalize.py``).
+
+Live counts: one ``$set`` of absolute values per batch per flush (never an increment per line),
+so a flush repeated after a crash or a rebalance is harmless. Flushes run one at a time: two
+overlapping flushes could land out of order and show a count going backwards for a moment. Two
+callers: the intake flushes right after each chunk is counted (one bulk write per chunk, so counts
+trail the results by one chunk rather than one chunk plus up to a timer period), and a timer
+flushes every ``counts_flush_seconds`` whatever is still dirty (after a failed flush, or a batch
+marked outside the agent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import secrets
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from services.aggregator import metrics
 from services.aggregator.batches import BatchDirectory
-from services.aggregator.counts import CountsFlusher
-from services.aggregator.sinks import ChunkWriter, Finalizer
+from services.aggregator.finalize import FinalizeScheduler
+from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.protocol.messages import ResultMessage
+from shared.result_chunks import encode_chunk
+from shared.storage import ObjectStore, result_chunk_prefix
+from shared.stores.batches import BatchStore, LiveCounts
 
 log = logging.getLogger(__name__)
 
@@ -45,59 +60,29 @@ def decode_results(values: Iterable[bytes | None]) -> dict[str, list[ResultMessa
     return by_batch
 
 
-class FinalizeScheduler:
-    """Runs at most one finalize per batch at a time, in the background of the hot path."""
-
-    def __init__(self, finalizer: Finalizer, concurrency: int = 2) -> None:
-        self._finalizer = finalizer
-        self._slots = asyncio.Semaphore(concurrency)
-        self._running: dict[str, asyncio.Task[None]] = {}
-
-    def schedule(self, batch_id: str) -> None:
-        if batch_id not in self._running:
-            self._running[batch_id] = asyncio.create_task(self._run(batch_id))
-
-    async def _run(self, batch_id: str) -> None:
-        try:
-            async with self._slots:
-                await self._finalizer.finalize(batch_id)
-        except Exception:
-            # The sweep tries again; nothing is lost while the document is not terminal.
-            log.exception("finalize failed", extra={"batch_id": batch_id})
-        finally:
-            self._running.pop(batch_id, None)
-
-    async def drain(self, timeout_s: float) -> None:
-        """Let running finalizations finish (on shutdown); cancel what remains after timeout."""
-        tasks = list(self._running.values())
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        for task in pending:
-            task.cancel()
-
-
 class ChunkProcessor:
     def __init__(
         self,
+        config: AggregatorConfig,
         *,
         states: MutableMapping[str, Any],
         directory: BatchDirectory,
         writer: ChunkWriter,
         counts: CountsFlusher,
-        schedule_finalize: Callable[[str], None],
-        cancel_timeout_s: float = 60.0,
-        sweep_batch_limit: int = 500,
+        finalize: FinalizeScheduler,
     ) -> None:
+        """``config``: the sweep's ``cancel_timeout_s`` and ``sweep_batch_limit``."""
         self._states = states
         self._directory = directory
         self._writer = writer
         self._counts = counts
-        self._schedule_finalize = schedule_finalize
-        self._cancel_timeout_s = cancel_timeout_s
-        self._sweep_batch_limit = sweep_batch_limit
+        self._finalize = finalize
+        self._cancel_timeout_s = config.cancel_timeout_s
+        self._sweep_batch_limit = config.sweep_batch_limit
 
     async def process(self, values: Sequence[bytes | None]) -> None:
+        """Store and count one chunk's raw result values (the bucket made first)."""
+        await self._writer.ensure_bucket()
         for batch_id, results in decode_results(values).items():
             await self.process_batch(batch_id, results)
 
@@ -133,7 +118,14 @@ class ChunkProcessor:
         metrics.RESULTS_PROCESSED.labels("completed").inc(ok)
         metrics.RESULTS_PROCESSED.labels("failed").inc(len(fresh) - ok)
         if 0 < info.total <= state.done:
-            self._schedule_finalize(batch_id)
+            self._finalize.schedule(batch_id)
+
+    async def flush_counts(self) -> None:
+        """Live counts to MongoDB; a failure is retried at the next flush (nothing is lost)."""
+        try:
+            await self._counts.flush()
+        except Exception:
+            log.exception("counts flush failed; retrying at the next flush")
 
     def _ended_meanwhile(self, batch_id: str) -> bool:
         info = self._directory.cached(batch_id)  # finalize marks it before forgetting the state
@@ -160,7 +152,7 @@ class ChunkProcessor:
         overdue = await self._directory.overdue(time.time(), self._cancel_timeout_s, self._sweep_batch_limit)
         for batch_id in overdue:
             if owns(batch_id):
-                self._schedule_finalize(batch_id)
+                self._finalize.schedule(batch_id)
                 due.append(batch_id)
         for batch_id in list(self._states.keys()):
             if batch_id in due or not owns(batch_id):
@@ -170,6 +162,73 @@ class ChunkProcessor:
             if info is None or not info.settled:
                 info = await self._directory.refresh(batch_id)
             if info is not None and (info.terminal or 0 < info.total <= state.done):
-                self._schedule_finalize(batch_id)
+                self._finalize.schedule(batch_id)
                 due.append(batch_id)
         return due
+
+
+class ChunkWriter:
+    """Writes one chunk object per batch per processed chunk of results."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self._store = store
+        self._bucket_ready = False
+
+    async def ensure_bucket(self) -> None:
+        if not self._bucket_ready:
+            await self._store.ensure_bucket()
+            self._bucket_ready = True
+
+    async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
+        """Store ``results`` (sorted by line) as one object; the name sorts by write time."""
+        key = f"{result_chunk_prefix(batch_id)}{time.time_ns():020d}-{secrets.token_hex(4)}.chunk"
+        await self._store.put_bytes(key, encode_chunk(results))
+        metrics.CHUNKS_WRITTEN.inc()
+        return key
+
+    async def discard(self, key: str) -> None:
+        await self._store.delete(key)
+
+
+class CountsFlusher:
+    """Dirty batches' request counts and usage, written to MongoDB once per flush."""
+
+    def __init__(self, batches: BatchStore, states: Mapping[str, Any]) -> None:
+        self._batches = batches
+        self._states = states
+        self._dirty: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    def mark(self, batch_id: str) -> None:
+        self._dirty.add(batch_id)
+
+    @property
+    def pending(self) -> int:
+        return len(self._dirty)
+
+    async def flush(self) -> int:
+        """Write every dirty batch's counts in one bulk request; returns the batches written."""
+        async with self._lock:
+            return await self._flush()
+
+    async def _flush(self) -> int:
+        dirty, self._dirty = self._dirty, set()
+        counts = {b: c for b in sorted(dirty) if (c := self._counts(b)) is not None}
+        if not counts:
+            return 0
+        try:
+            written = await self._batches.live_counts(counts)
+        except Exception:
+            self._dirty |= dirty  # try again at the next flush
+            raise
+        metrics.COUNT_UPDATES.inc(written)
+        return written
+
+    def _counts(self, batch_id: str) -> LiveCounts | None:
+        raw = self._states.get(batch_id)
+        if raw is None:  # finalized and forgotten meanwhile
+            return None
+        state = BatchState.from_dict(raw)
+        # seen_lines: for the api's dispatcher, which lines have a result (zlib bitmap bytes).
+        seen = base64.b64decode(raw.get("seen") or "")
+        return LiveCounts(state.completed, state.failed, state.usage_document(), seen)
