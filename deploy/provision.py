@@ -86,7 +86,7 @@ async def requeue_in_flight(mongo: MongoSettings, storage: StorageSettings) -> l
             await store.delete_prefix(result_chunk_prefix(batch_id))
             await batches.requeue(batch_id)
             # The dispatcher sends every line again from the start of the input file.
-            await db.db["dispatch_positions"].delete_one({"_id": batch_id})
+            await db.dispatch_positions.delete_one({"_id": batch_id})
         if ids:
             log.info("requeued batches the broker forgot", extra={"batches": ids})
         return ids

@@ -1,9 +1,10 @@
 """Stored MongoDB documents: the typed batch and file documents the stores read and write.
 
-A stored batch document holds every public ``Batch`` field (``_id`` in place of ``id``) plus the
-internal fields below; a stored file document holds every ``FileObject`` field plus ``project``,
-``object_key`` and ``deleted``. Internal fields never reach a response: :meth:`public` builds the
-public model.
+Each document extends the fields its public model shares with it (``BatchBase``, ``FileBase`` in
+shared/protocol/openai.py) and adds only the internal fields below; ``id`` is stored as ``_id`` and
+``object`` (the API's type tag) is not stored. Internal fields never reach a response:
+:meth:`public` builds the public model from the shared fields alone. A batch's sampling defaults
+are stored together in ``defaults``, and ``started_at`` and ``error`` are derived, not stored.
 
 Batch internal fields:
 - ``project``: the project that owns the batch (from the API key).
@@ -32,9 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.lifecycle import BatchStatus
 from shared.protocol.messages import SamplingDefaults
-from shared.protocol.openai import Batch, BatchErrors, BatchUsage, FileObject, RequestCounts
+from shared.protocol.openai import Batch, BatchBase, FileBase, FileObject
 
 
 def sort_key() -> int:
@@ -43,60 +43,28 @@ def sort_key() -> int:
 
 
 class StoredDocument(BaseModel):
-    """A MongoDB document: ``id`` is stored as ``_id``; unknown stored fields are ignored."""
+    """A MongoDB document: ``id`` is stored as ``_id``; unknown stored fields are ignored.
+
+    Listed first among a document's bases, so its ``id`` (with the alias) is the one that counts.
+    """
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
     id: str = Field(alias="_id")
 
     def to_mongo(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True)
+        # ``object`` is the public model's type tag ("batch", "file"): the collection says it.
+        return self.model_dump(by_alias=True, exclude={"object"})
 
 
-# Stored on the batch, never in a response.
-INTERNAL_BATCH_FIELDS = {
-    "id",
-    "project",
-    "defaults",
-    "sort_key",
-    "output_expires_after",
-    "emitted",
-    "attempts",
-    "dispatchable",
-    "dispatch_settled",
-    "seen_lines",
-    "end_recorded",
-}
-
-
-class BatchDocument(StoredDocument):
-    project: str = "default"
-    endpoint: str
-    model: str | None = None
-    errors: BatchErrors | None = None
-    input_file_id: str
+class BatchDocument(StoredDocument, BatchBase):
+    # The stored documents' default; the API's Batch always carries the window given at create.
     completion_window: str = "24h"
-    status: BatchStatus
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    created_at: int
-    in_progress_at: int | None = None
-    expires_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
-    request_counts: RequestCounts = Field(default_factory=RequestCounts)
-    metadata: dict[str, str] | None = None
-    usage: BatchUsage = Field(default_factory=BatchUsage)
+    project: str = "default"
     defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     sort_key: int = 0
     output_expires_after: dict[str, Any] | None = None
     emitted: bool = False
     attempts: int = 0
-    priority: int = 0
-    prefix_order: bool = False  # asked for at create; after validation: whether an order exists
     dispatchable: bool = False
     dispatch_settled: bool = False
     seen_lines: bytes | None = None
@@ -111,21 +79,14 @@ class BatchDocument(StoredDocument):
         return self.created_at + int(after["seconds"])
 
     def public(self) -> Batch:
-        fields = self.model_dump(exclude=INTERNAL_BATCH_FIELDS)
-        fields.update(self.defaults.model_dump(exclude_none=True))
+        shared = self.model_dump(include=set(BatchBase.model_fields))
         first_error = self.errors.data[0] if self.errors and self.errors.data else None
-        return Batch(id=self.id, started_at=self.in_progress_at, error=first_error, **fields)
+        return Batch(
+            **shared, **self.defaults.model_dump(), started_at=self.in_progress_at, error=first_error
+        )
 
 
-class FileDocument(StoredDocument):
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: str
-    status: str = "processed"
-    expires_at: int | None = None
-    status_details: str | None = None
-    checksum: str | None = None
+class FileDocument(StoredDocument, FileBase):
     project: str = "default"
     object_key: str
     deleted: bool = False
@@ -133,13 +94,10 @@ class FileDocument(StoredDocument):
 
     @classmethod
     def of(cls, public: FileObject, project: str, object_key: str) -> FileDocument:
-        fields = public.model_dump(exclude={"id", "object"})
-        return cls(_id=public.id, project=project, object_key=object_key, **fields)
+        return cls(**public.model_dump(), project=project, object_key=object_key)
 
     def public(self) -> FileObject:
-        return FileObject.model_validate(
-            self.model_dump(exclude={"project", "object_key", "deleted", "sort_key"})
-        )
+        return FileObject.model_validate(self.model_dump(include=set(FileBase.model_fields)))
 
 
 class WebhookEventDocument(StoredDocument):

@@ -13,7 +13,12 @@ Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", 
 SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
 
 
-class FileObject(BaseModel):
+class FileBase(BaseModel):
+    """A file's fields as the API returns them and as they are stored: ``FileObject`` and the
+    stored ``FileDocument`` (shared/documents.py) both extend this, neither the other, so a stored
+    document never passes for a response (pydantic hands an instance of a subclass through
+    ``model_validate`` as it is, internal fields and all)."""
+
     id: str
     object: Literal["file"] = "file"
     bytes: int
@@ -25,6 +30,11 @@ class FileObject(BaseModel):
     status_details: str | None = None
     # From the batch API batchstream replaces: "sha256:<hex>" of the stored bytes.
     checksum: str | None = None
+
+
+class FileObject(FileBase):
+    # A file as the API returns it (no docstring: it would become the OpenAPI description).
+    pass
 
 
 class FileDeleted(BaseModel):
@@ -67,9 +77,9 @@ class BatchUsage(BaseModel):
     total_tokens: int = 0
 
 
-class Batch(SamplingDefaults):
-    """A batch; batchstream's batch-level sampling defaults (``SamplingDefaults``) are echoed as
-    given at create (null when unset)."""
+class BatchBase(BaseModel):
+    """A batch's fields as the API returns them and as they are stored: ``Batch`` and the stored
+    ``BatchDocument`` (shared/documents.py) both extend this (see ``FileBase``)."""
 
     id: str
     object: Literal["batch"] = "batch"
@@ -93,14 +103,21 @@ class Batch(SamplingDefaults):
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
     usage: BatchUsage = Field(default_factory=BatchUsage)
+    # batchstream's dispatch priority (an extension; higher first; 0 unless given at create).
+    priority: int = 0
+    # batchstream's extension: asked for at create; after validation, whether the lines are sent
+    # in a dispatch order (docs/dispatcher.md, "Prefix order").
+    prefix_order: bool = False
+
+
+class Batch(BatchBase, SamplingDefaults):
+    """A batch; batchstream's batch-level sampling defaults (``SamplingDefaults``) are echoed as
+    given at create (null when unset)."""
+
     # From the batch API batchstream replaces: when lines started (= in_progress_at) and the
     # failure's details (= the first of errors.data).
     started_at: int | None = None
     error: BatchError | None = None
-    # batchstream's dispatch priority (an extension; higher first; 0 unless given at create).
-    priority: int = 0
-    # batchstream's extension: whether the lines are sent in prefix order (docs/dispatcher.md).
-    prefix_order: bool = False
 
 
 class ModelCard(BaseModel):

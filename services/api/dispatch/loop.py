@@ -59,8 +59,8 @@ class Dispatcher:
         self.batch_store, self.files, self.store, self.producer = batches, files, store, producer
         self.kafka, self.settings = kafka, settings
         self.clock = clock
-        self.leases = LeaseStore(mongo.db["dispatch_leases"], owner, settings.lease_ttl_s)
-        self.positions = PositionStore(mongo.db["dispatch_positions"])
+        self.leases = LeaseStore(mongo.dispatch_leases, owner, settings.lease_ttl_s)
+        self.positions = PositionStore(mongo.dispatch_positions)
         self.probe = GroupProbe(kafka.bootstrap_servers)
         self.sender = LineSender(producer, kafka)
         self.recovery = Recovery(batches, store, self.sender, settings)
