@@ -21,10 +21,11 @@ from services.inference.engines import open_engine
 from services.inference.handler import EngineRetry, RequestHandler
 from services.inference.health import HealthServer
 from services.inference.heartbeat import heartbeat_forever
+from services.inference.settings import InferenceSettings
 from shared.kafka import ensure_topics, make_producer, wait_for_kafka
 from shared.logging import configure_logging
 from shared.mongo import Mongo
-from shared.settings import InferenceSettings, KafkaSettings, MongoSettings, RuntimeSettings
+from shared.settings import KafkaSettings, MongoSettings, RuntimeSettings
 
 log = logging.getLogger("services.inference")
 

@@ -31,10 +31,11 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_ran
 from services.inference import metrics
 from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
+from services.inference.settings import InferenceSettings
 from shared.kafka import decode
 from shared.protocol.messages import LineError, RequestMessage, ResultMessage
 from shared.retries import RetryRule, first_then_retrying
-from shared.settings import WORKER_COMMIT_INTERVAL_S, InferenceSettings, KafkaSettings
+from shared.settings import WORKER_COMMIT_INTERVAL_S, KafkaSettings
 from shared.topics import inference_group, requests_topic, results_topic
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from services.inference.engine import Engine
-from shared.settings import InferenceSettings
+from services.inference.settings import InferenceSettings
 
 ENGINES = ("vllm", "fake")
 

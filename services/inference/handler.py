@@ -24,6 +24,7 @@ from services.inference.engine import (
     error_answer,
 )
 from services.inference.places import EnginePlaces
+from services.inference.settings import InferenceSettings
 from shared.ids import new_id
 from shared.protocol.messages import (
     LineError,
@@ -34,7 +35,6 @@ from shared.protocol.messages import (
     SamplingDefaults,
 )
 from shared.retries import RetryRule, first_then_retrying
-from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
