@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    MongoDsn,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_API_KEY = "sk-batchstream-local"
@@ -22,6 +33,26 @@ def _config(prefix: str) -> SettingsConfigDict:
     return SettingsConfigDict(
         env_prefix=f"BATCHSTREAM_{prefix}", frozen=True, extra="ignore", use_attribute_docstrings=True
     )
+
+
+def _url_text(url_type: Any, refusal: str) -> AfterValidator:
+    """A ``str`` field checked as the pydantic URL type and kept as written: its readers (the
+    driver, the HTTP client) take the text, and the parsed URL would rewrite it (a trailing ``/``
+    after a bare host). ``refusal`` is the error, followed by the value."""
+    adapter: TypeAdapter[Any] = TypeAdapter(url_type)
+
+    def check(text: str) -> str:
+        try:
+            adapter.validate_python(text)
+        except ValidationError as e:
+            raise ValueError(f"{refusal}; got {text!r}") from e
+        return text
+
+    return AfterValidator(check)
+
+
+MongoUrl = Annotated[str, _url_text(MongoDsn, "a MongoDB uri must be mongodb[+srv]://host[:port]/...")]
+WebhookUrl = Annotated[str, _url_text(HttpUrl, "a webhook url must be http(s)://host/...")]
 
 
 class RuntimeSettings(BaseSettings):
@@ -38,8 +69,15 @@ class RuntimeSettings(BaseSettings):
     def is_development(self) -> bool:
         return self.environment in {"development", "test"}
 
+    @model_validator(mode="after")
+    def _no_local_secrets_outside_development(self) -> RuntimeSettings:
+        """Every service reads these settings first, so none starts with the well-known local
+        secrets outside development."""
+        self.check_secrets()
+        return self
+
     def check_secrets(self) -> None:
-        """Refuse to run with the well-known local secrets outside development."""
+        """Refuse the well-known local secrets outside development (construction runs it)."""
         if self.is_development:
             return
         if ApiSettings().keys == DEV_API_KEY or StorageSettings().secret_key == DEV_S3_SECRET:
@@ -69,7 +107,7 @@ class MongoSettings(BaseSettings):
     """MongoDB: file, batch, model, API key and idempotency documents."""
 
     model_config = _config("MONGO_")
-    uri: str = "mongodb://127.0.0.1:27117/?directConnection=true"
+    uri: MongoUrl = "mongodb://127.0.0.1:27117/?directConnection=true"
     """MongoDB connection string."""
     database: str = "batchstream"
     """Database that holds batchstream's collections."""
@@ -187,16 +225,8 @@ class WebhookEndpoint(BaseModel):
     """Where one project's batch events go, and the secret that signs them (docs/webhooks.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    url: str
+    url: WebhookUrl
     secret: str = Field(repr=False)
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in {"http", "https"} or not parts.netloc:
-            raise ValueError(f"a webhook url must be http(s)://host/...; got {url!r}")
-        return url
 
     @field_validator("secret")
     @classmethod

@@ -65,8 +65,6 @@ class Worker:
             main.cancel()
 
     async def run(self) -> None:
-        if not self.inference.model and self.inference.engine != "fake":
-            raise SystemExit("set BATCHSTREAM_INFERENCE_MODEL to the model folder or name")
         if self.inference.health_port:
             await self.health.start()
         try:
@@ -118,9 +116,8 @@ class Worker:
 
 
 async def main() -> int:
-    runtime = RuntimeSettings()
+    runtime = RuntimeSettings()  # refuses the local secrets outside development
     configure_logging("services.inference", runtime.log_level)
-    runtime.check_secrets()
     worker = Worker()
     task = asyncio.create_task(worker.run())
     loop = asyncio.get_running_loop()

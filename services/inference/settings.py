@@ -13,6 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.settings import WORKER_COMMIT_INTERVAL_S
 
+# The engines ``engines.open_engine`` builds.
+EngineName = Literal["vllm", "fake"]
+
 # The worker's default window: lines it holds per engine place (see ``max_in_flight``).
 IN_FLIGHT_PER_PLACE = 16
 
@@ -23,7 +26,7 @@ class InferenceSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="BATCHSTREAM_INFERENCE_", frozen=True, extra="ignore", use_attribute_docstrings=True
     )
-    engine: str = "vllm"
+    engine: EngineName = "vllm"
     """``vllm``, or ``fake``: instant answers without a model, for tests and the pipeline
     benchmark."""
     fake_seconds_per_token: float = Field(default=0.0, ge=0)
@@ -143,6 +146,12 @@ class InferenceSettings(BaseSettings):
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
                 f"session_timeout_s ({self.session_timeout_s}); a third of it or less is usual"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _model_named(self) -> InferenceSettings:
+        if not self.model and self.engine != "fake":
+            raise ValueError("set BATCHSTREAM_INFERENCE_MODEL to the model folder or name")
         return self
 
     @property
