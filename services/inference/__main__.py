@@ -101,7 +101,6 @@ class Worker:
                 self.inference,
                 producer,
                 handler,
-                drain_timeout_s=self.inference.drain_timeout_s,
             )
             await self.consumer.run()
         finally:

@@ -24,7 +24,7 @@ from services.inference.engine import (
     error_answer,
 )
 from services.inference.places import EnginePlaces
-from services.inference.settings import InferenceSettings
+from services.inference.settings import InferenceSettings, default
 from shared.ids import new_id
 from shared.protocol.messages import (
     LineError,
@@ -87,9 +87,9 @@ class EngineRetry:
     overloaded, restarting, internal error; or an exception), and how long to wait in between
     (random exponential: ``wait_s`` doubling, at most ``max_wait_s``). A 4xx is never retried."""
 
-    attempts: int = 3
-    wait_s: float = 0.2
-    max_wait_s: float = 2.0
+    attempts: int = default("engine_attempts")
+    wait_s: float = default("engine_retry_wait_s")
+    max_wait_s: float = default("engine_retry_max_wait_s")
 
     def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
         """One line's retry loop (what it retries is ``ENGINE_RETRY``); ``context`` names the

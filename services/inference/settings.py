@@ -6,7 +6,7 @@ deploy.config_docs``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -166,3 +166,9 @@ class InferenceSettings(BaseSettings):
     def engine_queue_size(self) -> int:
         """``engine_queue_lines`` resolved: lines waiting inside vLLM beyond its running ones."""
         return self.max_num_seqs if self.engine_queue_lines < 0 else self.engine_queue_lines
+
+
+def default(field: str) -> Any:
+    """``InferenceSettings``' default for ``field``: what a constructor's parameter defaults to,
+    so an object built without the settings (in a test) behaves like the worker's."""
+    return InferenceSettings.model_fields[field].default
