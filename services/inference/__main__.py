@@ -18,7 +18,7 @@ from services.inference.consumer import FatalConsumerError, RequestConsumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.engine import Engine
 from services.inference.engines import open_engine
-from services.inference.handler import EngineRetry, RequestHandler
+from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
 from services.inference.heartbeat import heartbeat_forever
 from services.inference.settings import InferenceSettings
@@ -82,14 +82,7 @@ class Worker:
         producer = make_producer(self.kafka)
         await producer.start()
         control = BatchControl()
-        handler = RequestHandler(
-            engine,
-            control=control,
-            retry=EngineRetry.from_settings(self.inference),
-            young_batch_lines=self.inference.young_batch_lines,
-            engine_queue_lines=self.inference.engine_queue_size,
-            young_batch_others_share=self.inference.young_batch_others_share,
-        )
+        handler = RequestHandler.from_settings(engine, self.inference, control)
         follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)
         heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
         following: asyncio.Task[None] | None = None

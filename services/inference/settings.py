@@ -162,11 +162,6 @@ class InferenceSettings(BaseSettings):
     def in_flight_limit(self) -> int:
         return self.max_in_flight or IN_FLIGHT_PER_PLACE * self.max_num_seqs
 
-    @property
-    def engine_queue_size(self) -> int:
-        """``engine_queue_lines`` resolved: lines waiting inside vLLM beyond its running ones."""
-        return self.max_num_seqs if self.engine_queue_lines < 0 else self.engine_queue_lines
-
 
 def default(field: str) -> Any:
     """``InferenceSettings``' default for ``field``: what a constructor's parameter defaults to,
