@@ -119,8 +119,8 @@ def render() -> str:
             prefix = str(cls.model_config.get("env_prefix", ""))
             sections.setdefault(prefix, []).append(cls)
     parts = [HEADER]
-    for prefix, classes in sections.items():
-        parts.append(_section(prefix, classes))
+    for prefix in sorted(sections, key=_section_order):
+        parts.append(_section(prefix, sections[prefix]))
     return "\n".join(parts)
 
 
@@ -134,6 +134,12 @@ TITLES = {
     "BATCHSTREAM_INFERENCE_": "Inference worker",
     "BATCHSTREAM_AGGREGATOR_": "Aggregator",
 }
+
+
+def _section_order(prefix: str) -> int:
+    """Titled sections in ``TITLES`` order wherever their classes live; the others after them."""
+    order = list(TITLES)
+    return order.index(prefix) if prefix in order else len(order)
 
 
 def _section(prefix: str, classes: list[type[BaseSettings]]) -> str:

@@ -18,13 +18,14 @@ from services.inference.consumer import FatalConsumerError, RequestConsumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.engine import Engine
 from services.inference.engines import open_engine
-from services.inference.handler import EngineRetry, RequestHandler
+from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
 from services.inference.heartbeat import heartbeat_forever
+from services.inference.settings import InferenceSettings
 from shared.kafka import ensure_topics, make_producer, wait_for_kafka
 from shared.logging import configure_logging
 from shared.mongo import Mongo
-from shared.settings import InferenceSettings, KafkaSettings, MongoSettings, RuntimeSettings
+from shared.settings import KafkaSettings, MongoSettings, RuntimeSettings
 
 log = logging.getLogger("services.inference")
 
@@ -64,8 +65,6 @@ class Worker:
             main.cancel()
 
     async def run(self) -> None:
-        if not self.inference.model and self.inference.engine != "fake":
-            raise SystemExit("set BATCHSTREAM_INFERENCE_MODEL to the model folder or name")
         if self.inference.health_port:
             await self.health.start()
         try:
@@ -83,14 +82,7 @@ class Worker:
         producer = make_producer(self.kafka)
         await producer.start()
         control = BatchControl()
-        handler = RequestHandler(
-            engine,
-            control=control,
-            retry=EngineRetry.from_settings(self.inference),
-            young_batch_lines=self.inference.young_batch_lines,
-            engine_queue_lines=self.inference.engine_queue_size,
-            young_batch_others_share=self.inference.young_batch_others_share,
-        )
+        handler = RequestHandler.from_settings(engine, self.inference, control)
         follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)
         heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
         following: asyncio.Task[None] | None = None
@@ -102,7 +94,6 @@ class Worker:
                 self.inference,
                 producer,
                 handler,
-                drain_timeout_s=self.inference.drain_timeout_s,
             )
             await self.consumer.run()
         finally:
@@ -117,9 +108,8 @@ class Worker:
 
 
 async def main() -> int:
-    runtime = RuntimeSettings()
+    runtime = RuntimeSettings()  # refuses the local secrets outside development
     configure_logging("services.inference", runtime.log_level)
-    runtime.check_secrets()
     worker = Worker()
     task = asyncio.create_task(worker.run())
     loop = asyncio.get_running_loop()

@@ -31,10 +31,11 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_ran
 from services.inference import metrics
 from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
+from services.inference.settings import InferenceSettings, default
 from shared.kafka import decode
 from shared.protocol.messages import LineError, RequestMessage, ResultMessage
 from shared.retries import RetryRule, first_then_retrying
-from shared.settings import WORKER_COMMIT_INTERVAL_S, InferenceSettings, KafkaSettings
+from shared.settings import KafkaSettings
 from shared.topics import inference_group, requests_topic, results_topic
 
 log = logging.getLogger(__name__)
@@ -106,11 +107,11 @@ class RequestConsumer:
         topic: str,
         results_topic: str,
         in_flight_limit: int,
-        max_publishing: int = 4096,
-        drain_timeout_s: float = 30.0,
-        publish_attempts: int = 5,
-        publish_retry_max_wait_s: float = 5.0,
-        commit_interval_s: float = WORKER_COMMIT_INTERVAL_S,
+        max_publishing: int = default("max_publishing"),
+        drain_timeout_s: float = default("drain_timeout_s"),
+        publish_attempts: int = default("publish_attempts"),
+        publish_retry_max_wait_s: float = default("publish_retry_max_wait_s"),
+        commit_interval_s: float = default("commit_interval_s"),
         keepalive_poll_s: float = KEEPALIVE_POLL_S,
     ) -> None:
         self.consumer = consumer
@@ -143,7 +144,6 @@ class RequestConsumer:
         inference: InferenceSettings,
         producer: AIOKafkaProducer,
         handler: RequestHandler,
-        drain_timeout_s: float = 30.0,
     ) -> RequestConsumer:
         model_id = handler.engine.model_id
         consumer = make_consumer(kafka, inference_group(kafka, model_id), **consumer_options(inference))
@@ -155,7 +155,7 @@ class RequestConsumer:
             results_topic=results_topic(kafka),
             in_flight_limit=inference.in_flight_limit,
             max_publishing=inference.max_publishing,
-            drain_timeout_s=drain_timeout_s,
+            drain_timeout_s=inference.drain_timeout_s,
             publish_attempts=inference.publish_attempts,
             publish_retry_max_wait_s=inference.publish_retry_max_wait_s,
             commit_interval_s=inference.commit_interval_s,

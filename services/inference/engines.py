@@ -10,9 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from services.inference.engine import Engine
-from shared.settings import InferenceSettings
-
-ENGINES = ("vllm", "fake")
+from services.inference.settings import InferenceSettings
 
 
 @asynccontextmanager
@@ -27,8 +25,6 @@ async def open_engine(settings: InferenceSettings) -> AsyncIterator[Engine]:
             seconds_per_token=settings.fake_seconds_per_token,
         )
         return
-    if settings.engine != "vllm":
-        raise ValueError(f"unknown engine {settings.engine!r} ({' | '.join(ENGINES)})")
     from services.inference.vllm_engine import VllmEngine
 
     async with VllmEngine(settings) as engine:

@@ -24,6 +24,7 @@ from services.inference.engine import (
     refuse_before_running,
 )
 from services.inference.runs import RunRegistry
+from services.inference.settings import default
 from shared.protocol.messages import TokenUsage
 
 FAKE_TEXT = "ok"
@@ -40,9 +41,9 @@ class FakeEngine:
     def __init__(
         self,
         model_id: str = "fake-model",
-        max_context_length: int = 2048,
+        max_context_length: int = default("max_model_len"),
         endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES),
-        seconds_per_token: float = 0.0,
+        seconds_per_token: float = default("fake_seconds_per_token"),
         max_running: int = 0,
     ) -> None:
         self.model_id = model_id

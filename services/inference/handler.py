@@ -23,8 +23,8 @@ from services.inference.engine import (
     RequestAborted,
     error_answer,
 )
-from services.inference.places import EnginePlaces
-from shared.ids import new_id
+from services.inference.scheduler import EngineScheduler
+from services.inference.settings import InferenceSettings, default
 from shared.protocol.messages import (
     LineError,
     NotRunCode,
@@ -34,7 +34,6 @@ from shared.protocol.messages import (
     SamplingDefaults,
 )
 from shared.retries import RetryRule, first_then_retrying
-from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +86,9 @@ class EngineRetry:
     overloaded, restarting, internal error; or an exception), and how long to wait in between
     (random exponential: ``wait_s`` doubling, at most ``max_wait_s``). A 4xx is never retried."""
 
-    attempts: int = 3
-    wait_s: float = 0.2
-    max_wait_s: float = 2.0
+    attempts: int = default("engine_attempts")
+    wait_s: float = default("engine_retry_wait_s")
+    max_wait_s: float = default("engine_retry_max_wait_s")
 
     def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
         """One line's retry loop (what it retries is ``ENGINE_RETRY``); ``context`` names the
@@ -122,21 +121,12 @@ ENGINE_RETRY: RetryRule[Answer] = RetryRule(
 
 
 class RequestHandler:
-    """Turns request messages into result messages by running them on one engine.
+    """Turns request messages into result messages by running them on one engine, each in a place
+    the scheduler gives it (``scheduler.py``: which line runs next, and which make way).
 
     With a ``BatchControl`` it knows which batches are cancelled: their lines are answered
     ``batch_cancelled`` without running, and ``cancel_batch`` aborts the ones running (the
     engine's ``run`` then raises ``RequestAborted``, see the cancellation rule in ``engine.py``).
-
-    It also decides which line runs next. At most the engine's ``max_running`` lines run on it and
-    ``engine_queue_lines`` more wait inside it; the others wait here for a place (``places.py``): a
-    freed place goes to the batch with the fewest lines on the engine (direct requests count as one
-    batch). A young batch's line (one of its first ``young_batch_lines`` in the worker) goes on at
-    once: the newest lines on the engine of the batch with the most there are aborted to make room
-    (mostly those waiting inside it), and while young lines run the batches without one keep at most
-    ``young_batch_others_share`` of the places, so a new batch starts at once and runs nearly as
-    fast as alone. An aborted line waits for a place again; a running line's work so far is lost.
-    Direct requests are never young (they may be aborted).
     """
 
     def __init__(
@@ -145,43 +135,34 @@ class RequestHandler:
         clock: Callable[[], float] = time.time,
         control: BatchControl | None = None,
         retry: EngineRetry | None = None,
-        young_batch_lines: int = 0,
-        engine_queue_lines: int = 0,
-        young_batch_others_share: float = 1.0,
+        scheduler: EngineScheduler | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry()
-        beside_young = int(engine.max_running * young_batch_others_share)
-        if young_batch_others_share > 0:
-            beside_young = max(beside_young, 1)  # a small engine keeps one place for the others
-        self.places = EnginePlaces(
-            engine.max_running and engine.max_running + engine_queue_lines,
-            young_batch_lines,
-            beside_young if young_batch_others_share < 1 else None,
-        )
-        metrics.WAITING_FOR_PLACE.set_function(self.places.waiting)  # read at each scrape
+        self.scheduler = scheduler if scheduler is not None else EngineScheduler(engine)
 
-    def running(self, batch_id: str) -> int:
-        return self.places.running(batch_id)
+    @classmethod
+    def from_settings(
+        cls, engine: Engine, settings: InferenceSettings, control: BatchControl
+    ) -> RequestHandler:
+        return cls(
+            engine,
+            control=control,
+            retry=EngineRetry.from_settings(settings),
+            scheduler=EngineScheduler.from_settings(engine, settings),
+        )
 
     def stop_waiting(self) -> None:
         """A shutdown: the lines waiting for a place leave without an answer (uncommitted, so
         they are redone elsewhere); only the lines on the engine are drained."""
-        self.places.stop_waiting()
+        self.scheduler.stop_waiting()
 
     async def cancel_batch(self, batch_id: str) -> None:
         """Abort the batch's requests in flight; each is then answered ``batch_cancelled``, as
         are its lines waiting for a place."""
-        self.places.drop(batch_id)
-        run_ids = self.places.run_ids(batch_id)
-        if run_ids:
-            log.info(
-                "aborting a cancelled batch's requests", extra={"batch_id": batch_id, "count": len(run_ids)}
-            )
-        for run_id in run_ids:
-            await self.engine.abort(run_id)
+        await self.scheduler.cancel(batch_id)
 
     def _never_run_reason(self, message: RequestMessage) -> NotRunCode | None:
         if self.control.cancelled(message.batch_id):
@@ -202,7 +183,11 @@ class RequestHandler:
             metrics.LINES.by_status[reason] += 1
             return never_ran(message, LineError.not_run(reason))
         try:
-            run_id, answer = await self._run(message)
+            run_id, answer = await self.scheduler.run(
+                message.batch_id,
+                partial(self._answer, message),
+                cancelled=partial(self.control.cancelled, message.batch_id),
+            )
         except RequestAborted:  # cancel_batch aborted it: a cancelled batch's line
             metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, LineError.not_run("batch_cancelled"))
@@ -217,51 +202,18 @@ class RequestHandler:
             error=None,
         )
 
-    async def _run(self, message: RequestMessage) -> tuple[str, Answer]:
-        """The engine's answer and the id of the run that gave it; a run aborted to make room
-        for a young line runs again (``RequestAborted`` only for a cancel)."""
-        group = message.batch_id or ""
-        first = True
-        while True:
-            run_id = new_id("req_")
-            young = await self.places.take(group, run_id, direct=not message.batch_id)
-            if first:
-                metrics.LINES.started += 1  # handed to the engine (a run again is not counted)
-                first = False
-            try:
-                if young:
-                    await self._make_room()
-                # vLLM's priority: the batch's other lines on the engine (its queue order for the
-                # young lines let in over the limit, and for ``engine_queue_lines``).
-                rank = self.places.running(group) - 1
-                return run_id, await self._answer(message, run_id, rank)
-            except RequestAborted:
-                if not self.places.preempted(run_id) or self.control.cancelled(message.batch_id):
-                    raise
-                metrics.PREEMPTED.inc()
-            finally:
-                self.places.give_back(group, run_id)
-
-    async def _make_room(self) -> None:
-        """Abort the lines on the engine that must make way for the young ones (each runs again)."""
-        victims = self.places.victims()
-        for done, victim in enumerate(victims):
-            try:
-                await self.engine.abort(victim)
-            except BaseException:
-                self.places.spare(victims[done:])
-                raise
-
-    async def _answer(self, message: RequestMessage, run_id: str, priority: int = 0) -> Answer:
+    async def _answer(self, message: RequestMessage, run_id: str, priority: int) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
-        may pass; after the last try, its last 5xx answer (or a 500 for an exception)."""
+        may pass; after the last try, its last 5xx answer (or a 500 for an exception). Raises
+        ``RequestAborted`` when the line's batch is cancelled, or the scheduler preempts the run,
+        between tries."""
         body = dict(message.body)
         apply_defaults(message.url, body, message.defaults)
         limit = context_limit(body, message.defaults)
         body["model"] = self.engine.model_id
 
         async def attempt() -> Answer:
-            if self.control.cancelled(message.batch_id) or self.places.preempted(run_id):
+            if self.control.cancelled(message.batch_id) or self.scheduler.preempted(run_id):
                 raise RequestAborted(run_id)  # cancelled, or preempted, while waiting to try again
             return await self.engine.run(
                 message.url, body, run_id, max_context_length=limit, priority=priority

@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from services.inference import metrics
+from services.inference.settings import default
 
 Checks = Callable[[], dict[str, bool]]
 
@@ -27,7 +28,7 @@ class HealthServer:
         self,
         port: int,
         ready: Callable[[], bool],
-        host: str = "127.0.0.1",
+        host: str = default("health_host"),
         checks: Checks | None = None,
     ) -> None:
         self.port = port

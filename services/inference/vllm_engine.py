@@ -47,8 +47,8 @@ from services.inference.engine import (
     refuse_before_running,
 )
 from services.inference.runs import RunRegistry
+from services.inference.settings import InferenceSettings
 from shared.protocol.messages import TokenUsage
-from shared.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from openai import OpenAI
 from openai.types import Batch
 
 from deploy.local import ModelSpec, Stack
+from services.inference.settings import InferenceSettings
 from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage, ResultMessage
-from shared.settings import InferenceSettings
 from shared.topics import requests_topic, results_topic
 from tests.support.lines import CHAT, chat_body, read_lines, request_line
 from tests.support.metrics import metric_value

@@ -195,7 +195,7 @@ async def run_checks(engine: Engine) -> dict[str, str]:
 
 async def _vllm(model: str, served_name: str) -> dict[str, str]:
     from services.inference.engines import open_engine
-    from shared.settings import InferenceSettings
+    from services.inference.settings import InferenceSettings
 
     settings = InferenceSettings(
         engine="vllm", model=model, served_model_name=served_name, enforce_eager=True, max_num_seqs=8

@@ -12,6 +12,7 @@ from services.inference.control import FORGET_AFTER_S, BatchControl
 from services.inference.engine import CHAT, Answer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
+from services.inference.scheduler import EngineScheduler
 from shared.protocol.messages import ControlMessage, RequestMessage
 
 
@@ -91,6 +92,15 @@ def line(batch_id: str | None = "b", n: int = 1, **kw: Any) -> RequestMessage:
     )
 
 
+def on_running_places(engine: SlowFakeEngine, young_batch_lines: int) -> RequestHandler:
+    """A handler whose places are only the engine's running sequences (none waits inside it) and
+    whose young lines leave the other batches every place that is left."""
+    scheduler = EngineScheduler(
+        engine, young_batch_lines=young_batch_lines, engine_queue_lines=0, young_batch_others_share=1.0
+    )
+    return RequestHandler(engine, scheduler=scheduler)
+
+
 async def test_a_line_of_a_cancelled_batch_is_not_run() -> None:
     engine = FakeEngine()
     handler = RequestHandler(engine)
@@ -120,12 +130,12 @@ async def test_running_lines_of_a_cancelled_batch_are_aborted_and_answered() -> 
     doomed = asyncio.create_task(handler.handle(line("b", 1)))
     kept = asyncio.create_task(handler.handle(line("keep", 2)))
     await engine.wait_started(2)
-    assert handler.running("b") == 1
+    assert handler.scheduler.running("b") == 1
     handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
     await handler.cancel_batch("b")
     result = await doomed
     assert result.error is not None and result.error.code == "batch_cancelled"
-    assert len(engine.aborted) == 1 and handler.running("b") == 0
+    assert len(engine.aborted) == 1 and handler.scheduler.running("b") == 0
     engine.release.set()
     assert (await kept).succeeded
 
@@ -139,7 +149,7 @@ async def test_an_abort_for_shutdown_raises_and_publishes_nothing() -> None:
     task.cancel()  # a drain timeout cancels the consumer's task
     done = await asyncio.gather(task, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)
-    assert handler.running("b") == 0
+    assert handler.scheduler.running("b") == 0
 
 
 async def test_a_batch_with_fewer_lines_on_the_engine_is_queued_first() -> None:
@@ -179,33 +189,33 @@ async def test_a_young_batch_takes_the_places_of_the_heaviest_batchs_newest_line
     batch's first two lines runs at once and aborts the big batch's newest running line, which
     waits again; the third waits. Every line is answered once."""
     engine = SlowFakeEngine(max_running=3)
-    handler = RequestHandler(engine, young_batch_lines=2)
+    handler = on_running_places(engine, young_batch_lines=2)
     before = REGISTRY.get_sample_value("batchstream_inference_preempted_total") or 0.0
     big = [asyncio.create_task(handler.handle(line("big", n))) for n in range(4)]
     await engine.wait_started(3)
     big_runs = list(engine.started)
     small = [asyncio.create_task(handler.handle(line("small", 10 + n))) for n in range(3)]
     await engine.wait_started(5)
-    assert await settled(lambda: handler.places.waiting() == 4)  # big 3, the aborted two, small 12
+    assert await settled(lambda: handler.scheduler.places.waiting() == 4)  # big 3, the aborted two, small 12
     assert engine.aborted == [big_runs[2], big_runs[1]]
-    assert handler.running("small") == 2 and handler.running("big") == 1
+    assert handler.scheduler.running("small") == 2 and handler.scheduler.running("big") == 1
     assert (REGISTRY.get_sample_value("batchstream_inference_preempted_total") or 0.0) - before == 2
     engine.release.set()
     results = await asyncio.gather(*big, *small)
     assert all(r.succeeded for r in results)
     assert [r.line for r in results] == [0, 1, 2, 3, 10, 11, 12]
-    assert engine.calls == 9 and handler.places.used == 0
+    assert engine.calls == 9 and handler.scheduler.places.used == 0
 
 
 async def test_no_preemption_for_a_direct_request_or_beside_a_young_batch() -> None:
     engine = SlowFakeEngine(max_running=3)
-    handler = RequestHandler(engine, young_batch_lines=3)
+    handler = on_running_places(engine, young_batch_lines=3)
     tasks = [asyncio.create_task(handler.handle(line("big", n))) for n in range(2)]
     tasks.append(asyncio.create_task(handler.handle(line("new", 5))))  # the third place: free
     await engine.wait_started(3)
     tasks.append(asyncio.create_task(handler.handle(line(None, 6))))  # a pipeline's: never jumps
     tasks.append(asyncio.create_task(handler.handle(line("newer", 7))))  # the heaviest is young
-    assert await settled(lambda: handler.places.waiting() == 2)
+    assert await settled(lambda: handler.scheduler.places.waiting() == 2)
     assert engine.aborted == [] and len(engine.started) == 3
     engine.release.set()
     assert all(r.succeeded for r in await asyncio.gather(*tasks))
@@ -213,12 +223,12 @@ async def test_no_preemption_for_a_direct_request_or_beside_a_young_batch() -> N
 
 async def test_a_cancelled_batchs_lines_waiting_for_a_place_are_answered_without_running() -> None:
     engine = SlowFakeEngine(max_running=1)
-    handler = RequestHandler(engine)
+    handler = on_running_places(engine, young_batch_lines=0)
     running, waiting = (asyncio.create_task(handler.handle(line("b", n))) for n in range(2))
     await engine.wait_started(1)
-    assert await settled(lambda: handler.places.waiting() == 1)
+    assert await settled(lambda: handler.scheduler.places.waiting() == 1)
     handler.control.apply(ControlMessage(batch_id="b", cancelled=True))
     await handler.cancel_batch("b")
     for result in await asyncio.gather(running, waiting):
         assert result.error is not None and result.error.code == "batch_cancelled"
-    assert engine.calls == 1 and handler.places.used == 0
+    assert engine.calls == 1 and handler.scheduler.places.used == 0

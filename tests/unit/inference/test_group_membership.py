@@ -12,7 +12,8 @@ from aiokafka import AIOKafkaConsumer
 
 from deploy.local import ModelSpec, Stack
 from services.inference.consumer import consumer_options, make_consumer
-from shared.settings import InferenceSettings, KafkaSettings
+from services.inference.settings import InferenceSettings
+from shared.settings import KafkaSettings
 
 KAFKA = KafkaSettings(bootstrap_servers="127.0.0.1:1")
 

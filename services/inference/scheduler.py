@@ -1,0 +1,128 @@
+"""Which line runs on the engine next, and which make way: the places (``places.py``) and the
+aborts that carry out their decisions.
+
+At most the engine's ``max_running`` lines run on it and ``engine_queue_lines`` more wait inside
+it; the others wait here for a place: a freed place goes to the batch with the fewest lines on the
+engine (direct requests count as one batch). A young batch's line (one of its first
+``young_batch_lines`` in the worker) goes on at once: the newest lines on the engine of the batch
+with the most there are aborted to make room (mostly those waiting inside it), and while young
+lines run the batches without one keep at most ``young_batch_others_share`` of the places, so a
+new batch starts at once and runs nearly as fast as alone. An aborted line waits for a place
+again; a running line's work so far is lost. Direct requests are never young (they may be
+aborted).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from services.inference import metrics
+from services.inference.engine import Engine, RequestAborted
+from services.inference.places import EnginePlaces
+from services.inference.settings import InferenceSettings, default
+from shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class EngineScheduler:
+    """Runs each line in a place on one engine; the one owner of which lines are on it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        young_batch_lines: int = default("young_batch_lines"),
+        engine_queue_lines: int = default("engine_queue_lines"),
+        young_batch_others_share: float = default("young_batch_others_share"),
+    ) -> None:
+        """``engine_queue_lines`` as the setting: -1 is as many as the engine runs."""
+        self.engine = engine
+        running = engine.max_running
+        queued = running if engine_queue_lines < 0 else engine_queue_lines
+        beside_young = int(running * young_batch_others_share)
+        if young_batch_others_share > 0:
+            beside_young = max(beside_young, 1)  # a small engine keeps one place for the others
+        self.places = EnginePlaces(
+            running and running + queued,
+            young_batch_lines,
+            beside_young if young_batch_others_share < 1 else None,
+        )
+        metrics.WAITING_FOR_PLACE.set_function(self.places.waiting)  # read at each scrape
+
+    @classmethod
+    def from_settings(cls, engine: Engine, settings: InferenceSettings) -> EngineScheduler:
+        return cls(
+            engine,
+            young_batch_lines=settings.young_batch_lines,
+            engine_queue_lines=settings.engine_queue_lines,
+            young_batch_others_share=settings.young_batch_others_share,
+        )
+
+    def running(self, batch_id: str) -> int:
+        """The batch's lines on the engine."""
+        return self.places.running(batch_id)
+
+    def preempted(self, run_id: str) -> bool:
+        """The run was told to make way for a young line (it should stop and is run again)."""
+        return self.places.preempted(run_id)
+
+    async def run(
+        self,
+        batch_id: str | None,
+        attempt: Callable[[str, int], Awaitable[T]],
+        cancelled: Callable[[], bool],
+    ) -> tuple[str, T]:
+        """``attempt(run_id, priority)`` in a place on the engine, and the run id that gave its
+        result. The priority is vLLM's: the batch's other lines on the engine (its queue order for
+        the young lines let in over the limit, and for ``engine_queue_lines``). A run aborted to
+        make room for a young line runs again under a new id unless ``cancelled()``; any other
+        ``RequestAborted`` passes through."""
+        group = batch_id or ""
+        first = True
+        while True:
+            run_id = new_id("req_")
+            young = await self.places.take(group, run_id, direct=not batch_id)
+            if first:
+                metrics.LINES.started += 1  # handed to the engine (a run again is not counted)
+                first = False
+            try:
+                if young:
+                    await self._make_room()
+                return run_id, await attempt(run_id, self.places.running(group) - 1)
+            except RequestAborted:
+                if not self.places.preempted(run_id) or cancelled():
+                    raise
+                metrics.PREEMPTED.inc()
+            finally:
+                self.places.give_back(group, run_id)
+
+    async def cancel(self, batch_id: str) -> None:
+        """The batch's lines waiting for a place stop waiting and those on the engine are aborted
+        (each ``run`` then raises ``RequestAborted``)."""
+        self.places.drop(batch_id)
+        run_ids = self.places.run_ids(batch_id)
+        if run_ids:
+            log.info(
+                "aborting a cancelled batch's requests", extra={"batch_id": batch_id, "count": len(run_ids)}
+            )
+        for run_id in run_ids:
+            await self.engine.abort(run_id)
+
+    def stop_waiting(self) -> None:
+        """A shutdown: the lines waiting for a place leave (``run`` raises ``CancelledError``);
+        the lines on the engine run on."""
+        self.places.stop_waiting()
+
+    async def _make_room(self) -> None:
+        """Abort the lines on the engine that must make way for the young ones (each runs again)."""
+        victims = self.places.victims()
+        for done, victim in enumerate(victims):
+            try:
+                await self.engine.abort(victim)
+            except BaseException:
+                self.places.spare(victims[done:])
+                raise
