@@ -195,7 +195,7 @@ class Dispatcher:
             key = keys.get(doc["input_file_id"])
             if key is None:
                 continue  # the input file is gone: the batch cannot run (finalize fills it)
-            position = positions.get(doc["_id"], Position())
+            position = Position.from_document(positions.get(doc["_id"]), done=bool(doc.get("emitted")))
             state = QueuedState.from_document(doc, key, position)
             self.batches[state.batch_id] = state
             # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
