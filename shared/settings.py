@@ -73,15 +73,11 @@ class RuntimeSettings(BaseSettings):
     def _no_local_secrets_outside_development(self) -> RuntimeSettings:
         """Every service reads these settings first, so none starts with the well-known local
         secrets outside development."""
-        self.check_secrets()
-        return self
-
-    def check_secrets(self) -> None:
-        """Refuse the well-known local secrets outside development (construction runs it)."""
         if self.is_development:
-            return
+            return self
         if ApiSettings().keys == DEV_API_KEY or StorageSettings().secret_key == DEV_S3_SECRET:
             raise ValueError("set BATCHSTREAM_API_KEYS and BATCHSTREAM_S3_SECRET_KEY outside development")
+        return self
 
 
 class KafkaSettings(BaseSettings):

@@ -47,7 +47,6 @@ async def prepare() -> None:
 def main() -> None:
     runtime_settings = RuntimeSettings()
     configure_logging("services.aggregator", runtime_settings.log_level)  # until faust's own
-    runtime_settings.check_secrets()
     WebhookSettings()  # a bad webhook url or secret stops the start here, before joining the group
     asyncio.run(prepare())
     log.info("aggregator starting", extra={"web_port": config.web_port, "app_id": app.conf.id})

@@ -129,7 +129,6 @@ def _route(request: Request) -> str:
 def create_app() -> FastAPI:
     runtime = RuntimeSettings()
     configure_logging("api", runtime.log_level)
-    runtime.check_secrets()
     # /docs and /redoc with their assets served by the api itself (no CDN): they work offline.
     app = FastAPIOffline(
         title="batchstream",

@@ -29,7 +29,7 @@ Document = dict[str, Any]
 EndListener = Callable[[str, str, BatchStatus], Awaitable[None]]
 
 
-# The batch document's fields the api's dispatcher reads (services/api/dispatch/state.py).
+# The batch document's fields the api's dispatcher reads (``DispatchView``).
 DISPATCH_FIELDS = {
     "model": 1,
     "project": 1,
@@ -43,6 +43,42 @@ DISPATCH_FIELDS = {
     "request_counts.total": 1,
     "emitted": 1,
 }
+
+
+@dataclass(frozen=True)
+class DispatchView:
+    """What the api's dispatcher reads of a batch it may dispatch (``DISPATCH_FIELDS``)."""
+
+    batch_id: str
+    model: str | None
+    project: str
+    status: str
+    priority: int
+    prefix_order: bool  # sent in its dispatch order (services/api/dispatch/order.py)
+    expires_at: float  # infinity when the batch has no deadline
+    sort_key: int
+    input_file_id: str
+    defaults: Document
+    total: int
+    emitted: bool  # every line was sent
+
+    @classmethod
+    def from_document(cls, doc: Document) -> DispatchView:
+        expires_at = doc.get("expires_at")
+        return cls(
+            batch_id=str(doc["_id"]),
+            model=doc.get("model"),
+            project=str(doc.get("project") or "default"),
+            status=str(doc["status"]),
+            priority=int(doc.get("priority") or 0),
+            prefix_order=bool(doc.get("prefix_order")),
+            expires_at=float(expires_at) if expires_at is not None else float("inf"),
+            sort_key=int(doc.get("sort_key") or 0),
+            input_file_id=str(doc.get("input_file_id") or ""),
+            defaults=dict(doc.get("defaults") or {}),
+            total=int((doc.get("request_counts") or {}).get("total") or 0),
+            emitted=bool(doc.get("emitted")),
+        )
 
 
 @dataclass(frozen=True)
@@ -243,11 +279,11 @@ class BatchStore:
             {"_id": batch_id, "status": "cancelling"}, {"$set": {"dispatch_settled": True}}
         )
 
-    async def dispatch_queue(self) -> list[Document]:
-        """What the api's dispatcher reads of every validated batch still running or cancelling
-        (a projection: ``DISPATCH_FIELDS``)."""
+    async def dispatch_queue(self) -> list[DispatchView]:
+        """What the api's dispatcher reads of every validated batch still running or cancelling."""
         query = {"dispatchable": True, "status": {"$in": sorted(lifecycle.DISPATCHING)}}
-        return await self._batches.find(query, DISPATCH_FIELDS).to_list()
+        found = self._batches.find(query, DISPATCH_FIELDS)
+        return [DispatchView.from_document(doc) async for doc in found]
 
     async def seen_lines(self, batch_ids: Iterable[str]) -> dict[str, SeenLines]:
         """The aggregator's seen-lines bitmaps of these batches, as last flushed."""

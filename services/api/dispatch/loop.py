@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
@@ -35,7 +34,7 @@ from shared.kafka import ensure_topics
 from shared.mongo import Mongo
 from shared.settings import KafkaSettings
 from shared.storage import ObjectStore
-from shared.stores.batches import BatchStore
+from shared.stores.batches import BatchStore, DispatchView
 from shared.stores.files import FileStore
 from shared.topics import inference_group, requests_topic
 
@@ -175,28 +174,27 @@ class Dispatcher:
 
     async def _refresh(self, now: float) -> None:
         self._refresh_now, self._refreshed_at = False, now
-        docs = await self.batch_store.dispatch_queue()
-        fresh = [d for d in docs if d["_id"] not in self.batches and d.get("model")]
+        views = await self.batch_store.dispatch_queue()
+        fresh = [v for v in views if v.batch_id not in self.batches and v.model]
         if fresh:
             await self._add(fresh, now)
-        for doc in docs:
-            state = self.batches.get(doc["_id"])
+        for view in views:
+            state = self.batches.get(view.batch_id)
             if state is not None:
-                state.status = doc["status"]
-        gone = set(self.batches) - {d["_id"] for d in docs}
+                state.status = view.status
+        gone = set(self.batches) - {v.batch_id for v in views}
         if gone:
             await self._forget(gone)
 
-    async def _add(self, docs: list[dict[str, Any]], now: float) -> None:
-        positions = await self.positions.load([d["_id"] for d in docs])
-        file_ids = list({d["input_file_id"] for d in docs})
-        keys = await self.files.object_keys(file_ids)
-        for doc in docs:
-            key = keys.get(doc["input_file_id"])
+    async def _add(self, views: list[DispatchView], now: float) -> None:
+        positions = await self.positions.load([v.batch_id for v in views])
+        keys = await self.files.object_keys(list({v.input_file_id for v in views}))
+        for view in views:
+            key = keys.get(view.input_file_id)
             if key is None:
                 continue  # the input file is gone: the batch cannot run (finalize fills it)
-            position = Position.from_document(positions.get(doc["_id"]), done=bool(doc.get("emitted")))
-            state = QueuedState.from_document(doc, key, position)
+            position = Position.from_document(positions.get(view.batch_id), done=view.emitted)
+            state = QueuedState.from_view(view, key, position)
             self.batches[state.batch_id] = state
             # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
             book = self._model(state.model).book

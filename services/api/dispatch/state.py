@@ -16,6 +16,7 @@ from services.api.dispatch.positions import Position
 from services.api.dispatch.reader import InputCursor, InputLine, scan
 from shared.protocol.messages import SamplingDefaults
 from shared.storage import ObjectStore, dispatch_order_key
+from shared.stores.batches import DispatchView
 
 
 @dataclass
@@ -42,21 +43,22 @@ class QueuedState:
     saved_at: float = 0.0
 
     @classmethod
-    def from_document(cls, doc: dict[str, Any], object_key: str, position: Position) -> QueuedState:
+    def from_view(cls, view: DispatchView, object_key: str, position: Position) -> QueuedState:
+        assert view.model is not None  # the dispatcher only takes batches whose model is known
         return cls(
-            batch_id=doc["_id"],
-            model=doc["model"],
-            project=str(doc.get("project") or "default"),
-            status=doc["status"],
-            total=int((doc.get("request_counts") or {}).get("total") or 0),
-            priority=int(doc.get("priority") or 0),
-            expires_at=float(doc.get("expires_at") or float("inf")),
-            order=int(doc.get("sort_key") or 0),
+            batch_id=view.batch_id,
+            model=view.model,
+            project=view.project,
+            status=view.status,
+            total=view.total,
+            priority=view.priority,
+            expires_at=view.expires_at,
+            order=view.sort_key,
             object_key=object_key,
-            defaults=SamplingDefaults.model_validate(doc.get("defaults") or {}),
+            defaults=SamplingDefaults.model_validate(view.defaults),
             position=position,
-            ordered=bool(doc.get("prefix_order")),
-            emitted=bool(doc.get("emitted")),
+            ordered=view.prefix_order,
+            emitted=view.emitted,
             started=position.sent > 0,
         )
 
