@@ -65,19 +65,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pre = parser.add_argument_group("prefix order (shared-prefix file against run-batch)")
     pre.add_argument("--input", default="", help="a chat-completions JSONL file instead of the generated one")
     pre.add_argument(
-        "--kv-cache-blocks",
+        "--kv-cache-tokens",
         type=int,
-        default=400,
-        help="KV cache blocks on both sides (num_gpu_blocks_override; 400 is ~8.1k tokens of Gemma 3 "
-        "270M, below the generated workload's distinct prefixes); 0: the memory setting's size",
+        default=0,
+        help="KV cache of both sides in tokens (num_gpu_blocks_override = tokens / --kv-block-tokens); "
+        "default: half the workload's shared prefixes, and a second run with the memory setting's cache",
     )
-    pre.add_argument("--kv-block-tokens", type=int, default=16, help="tokens per KV block, for the ideal")
+    pre.add_argument(
+        "--kv-block-tokens", type=int, default=128, help="tokens per KV block (vLLM's CPU default: 128)"
+    )
     pre.add_argument("--prefix-documents", type=int, default=32)
     pre.add_argument("--prefix-questions", type=int, default=6)
     pre.add_argument("--prefix-doc-words", type=int, default=150, help="words per document (~2 tokens each)")
     pre.add_argument("--prefix-templates", type=int, default=8)
     pre.add_argument("--prefix-inputs", type=int, default=12)
     pre.add_argument("--prefix-rounds", type=int, default=1)
+    pre.add_argument("--prefix-pairs", type=int, default=1, help="0 skips the two-worker affinity runs")
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
     pipe.add_argument("--lines", type=int, default=50_000)
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")

@@ -110,6 +110,7 @@ def run_batch_once(
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     ready_at: list[float] = []
+    kv_cache: list[str] = []  # vLLM's own reading of its cache size ("8,110 tokens")
     start = time.time()
     proc = subprocess.Popen(
         argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -120,6 +121,8 @@ def run_batch_once(
         for line in proc.stdout:
             if READY_MARKER in line and not ready_at:
                 ready_at.append(time.time())
+            if "KV cache size:" in line and not kv_cache:
+                kv_cache.append(line.split("KV cache size:", 1)[1].split(",")[0].strip())
             tail.append(line.rstrip())
 
     reader = threading.Thread(target=read, daemon=True)
@@ -144,6 +147,7 @@ def run_batch_once(
         "output_tokens": tokens,
         "tokens_per_s": tokens / timed,
         "stack_idle_cpu_s": sum(stack_cpu(stack_pids).values()) - idle_before,
+        "kv_cache": kv_cache[0] if kv_cache else "",
         "cpu_s": {
             "run-batch": children.ru_utime
             + children.ru_stime

@@ -103,25 +103,28 @@ for raw in open(sys.argv[2]):
     if raw.strip():
         body = json.loads(raw)["body"]
         ids = tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         seqs.append(tuple(ids))
 seqs.sort()
-ideal = total = 0
-previous = ()
-for seq in seqs:
-    shared = 0
-    for a, b in zip(previous, seq):
-        if a != b:
+def lcp(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
             break
-        shared += 1
-    ideal += len(seq) - (shared // block) * block
-    total += len(seq)
-    previous = seq
-print(json.dumps({"prompt_tokens": total, "ideal_computed": ideal}))
+        n += 1
+    return n
+shared = [lcp(seqs[i - 1], seqs[i]) for i in range(1, len(seqs))]
+ideal = sum(len(s) for s in seqs) - sum((n // block) * block for n in shared)
+# Tokens of the prefixes two or more lines share, each counted once: what a cache must hold.
+distinct = sum(max(0, shared[i] - (shared[i - 1] if i else 0)) for i in range(len(shared)))
+total = sum(len(s) for s in seqs)
+print(json.dumps({"prompt_tokens": total, "ideal_computed": ideal, "distinct_shared": distinct}))
 """
 
 
 def ideal(python: str, model_dir: str, input_path: Path, block: int) -> dict[str, int]:
-    """Prompt tokens and the prefill tokens of each distinct prefix computed once (whole blocks)."""
+    """Prompt tokens; the prefill tokens of each distinct prefix computed once (whole blocks);
+    the tokens of the shared prefixes (what the KV cache must hold for the ideal)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = subprocess.run(
         [python, "-c", IDEAL_SCRIPT, model_dir, str(input_path), str(block)],
@@ -158,25 +161,83 @@ def stack_once(client: OpenAI, poller: MongoPoller, input_path: Path) -> dict[st
     if trace.doc.get("status") != "completed":
         raise RuntimeError(f"batch ended {trace.doc.get('status')}: {trace.doc.get('errors')}")
     timed = trace.status_at["completed"] - created_at
-    lines = [json.loads(x) for x in client.files.content(trace.doc["output_file_id"]).text.splitlines() if x]
+    text = client.files.content(trace.doc["output_file_id"]).text
+    lines = [json.loads(x) for x in text.splitlines() if x]
     tokens = sum(
         int((((x.get("response") or {}).get("body") or {}).get("usage") or {}).get("completion_tokens") or 0)
         for x in lines
     )
-    return {
-        "system": "batchstream",
-        "timed_s": timed,
-        "output_tokens": tokens,
-        "tokens_per_s": tokens / timed,
-    } | cache_figures(lines)
+    figures = {"system": "batchstream", "timed_s": timed, "output_tokens": tokens}
+    return figures | {"tokens_per_s": tokens / timed} | cache_figures(lines)
 
 
-def run_batch_side(args: Any, input_path: Path, work: Path) -> dict[str, Any]:
+def run_batch_side(args: Any, input_path: Path, work: Path, blocks: int) -> dict[str, Any]:
+    args.run_batch_extra = ["--enable-prompt-tokens-details"]
+    if blocks:
+        args.run_batch_extra += ["--num-gpu-blocks-override", str(blocks)]
     result = run_batch_once(args.inference_python, args.model_dir, input_path, work, args, {})
     result.pop("_texts", None)
-    output = sorted(work.glob("run-batch-*.jsonl"))[-1]
+    output = max(work.glob("run-batch-*.jsonl"), key=lambda p: p.stat().st_mtime)
     lines = [json.loads(x) for x in output.read_text().splitlines() if x.strip()]
     return result | cache_figures(lines)
+
+
+def engine_settings(args: Any, blocks: int) -> dict[str, str]:
+    return {
+        "BATCHSTREAM_INFERENCE_MAX_NUM_SEQS": str(args.max_num_seqs),
+        "BATCHSTREAM_INFERENCE_MAX_MODEL_LEN": str(args.max_model_len),
+        "BATCHSTREAM_INFERENCE_DTYPE": "auto",
+        "BATCHSTREAM_INFERENCE_KV_CACHE_BLOCKS": str(blocks),
+    }
+
+
+def compare(args: Any, input_path: Path, work: Path, blocks: int, label: str) -> list[dict[str, Any]]:
+    """Rounds of run-batch and the stack (one worker) with a KV cache of ``blocks`` (0: the
+    memory setting's), alternating which goes first."""
+    stack = new_stack(
+        [ModelSpec(args.model_dir, SERVED_NAME)],
+        inference_python=args.inference_python,
+        **engine_settings(args, blocks),
+        **args.env,
+    )
+    rounds: list[dict[str, Any]] = []
+    try:
+        print(f"prefix ({label}): starting the stack ...", flush=True)
+        start_stack(stack)
+        client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
+        poller = MongoPoller(stack)
+        try:
+            for r in range(args.prefix_rounds):
+                for system in ["run-batch", "batchstream"] if r % 2 == 0 else ["batchstream", "run-batch"]:
+                    print(f"prefix ({label}): round {r + 1}/{args.prefix_rounds}: {system} ...", flush=True)
+                    if system == "run-batch":
+                        result = run_batch_side(args, input_path, work, blocks)
+                    else:
+                        result = stack_once(client, poller, input_path)
+                    rounds.append(result | {"round": r + 1, "cache": label})
+        finally:
+            poller.close()
+    finally:
+        stack.stop()
+    return rounds
+
+
+def two_workers(args: Any, input_path: Path, blocks: int, affinity: bool) -> dict[str, Any]:
+    """The stack with two workers of the model (each its own KV cache of ``blocks``)."""
+    models = [ModelSpec(args.model_dir, SERVED_NAME), ModelSpec(args.model_dir, SERVED_NAME, replica=1)]
+    env = engine_settings(args, blocks) | {"BATCHSTREAM_DISPATCH_AFFINITY": str(affinity).lower()}
+    stack = new_stack(models, inference_python=args.inference_python, **env, **args.env)
+    try:
+        print(f"prefix: two workers, affinity {'on' if affinity else 'off'}: starting ...", flush=True)
+        start_stack(stack)
+        client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
+        poller = MongoPoller(stack)
+        try:
+            return stack_once(client, poller, input_path) | {"affinity": affinity}
+        finally:
+            poller.close()
+    finally:
+        stack.stop()
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -196,52 +257,35 @@ def run(args: Any) -> dict[str, Any]:
             f"{args.prefix_templates} few-shot templates x {args.prefix_inputs} inputs, shuffled"
         )
     input_path.write_text("\n".join(lines) + "\n")
-    best = ideal(args.inference_python, args.model_dir, input_path, args.kv_block_tokens)
-    engine = {
-        "BATCHSTREAM_INFERENCE_MAX_NUM_SEQS": str(args.max_num_seqs),
-        "BATCHSTREAM_INFERENCE_MAX_MODEL_LEN": str(args.max_model_len),
-        "BATCHSTREAM_INFERENCE_DTYPE": "auto",
-        "BATCHSTREAM_INFERENCE_KV_CACHE_BLOCKS": str(args.kv_cache_blocks),
-    }
     os.environ.update(engine_env(args.kv_cache_gib))
-    args.run_batch_extra = ["--enable-prompt-tokens-details"] + (
-        ["--num-gpu-blocks-override", str(args.kv_cache_blocks)] if args.kv_cache_blocks else []
+    block = args.kv_block_tokens
+    best = ideal(args.inference_python, args.model_dir, input_path, block)
+    smallest = -(-args.max_model_len // block) + 1  # vLLM refuses a cache that cannot hold one request
+    wanted = args.kv_cache_tokens or best["distinct_shared"] // 2
+    small = max(smallest, wanted // block)
+    print(
+        f"prefix: {len(lines)} lines, {best['prompt_tokens']:,} prompt tokens, shared prefixes "
+        f"{best['distinct_shared']:,} tokens; KV cache {small} blocks of {block} "
+        f"({small * block:,} tokens)",
+        flush=True,
     )
-    stack = new_stack(
-        [ModelSpec(args.model_dir, SERVED_NAME)], inference_python=args.inference_python, **engine, **args.env
-    )
-    rounds: list[dict[str, Any]] = []
-    try:
-        print(f"prefix: {workload}; starting the stack ...", flush=True)
-        start_stack(stack)
-        client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
-        poller = MongoPoller(stack)
-        try:
-            for r in range(args.prefix_rounds):
-                for system in ["run-batch", "batchstream"] if r % 2 == 0 else ["batchstream", "run-batch"]:
-                    print(f"prefix: round {r + 1}/{args.prefix_rounds}: {system} ...", flush=True)
-                    if system == "run-batch":
-                        result = run_batch_side(args, input_path, work)
-                    else:
-                        result = stack_once(client, poller, input_path)
-                    rounds.append(result | {"round": r + 1})
-        finally:
-            poller.close()
-    finally:
-        stack.stop()
+    rounds = compare(args, input_path, work, small, "small")
+    if not args.kv_cache_tokens:
+        rounds += compare(args, input_path, work, 0, "room")
+    pair = [two_workers(args, input_path, small, flag) for flag in (True, False)] if args.prefix_pairs else []
 
-    def med(system: str, key: str) -> float:
-        return median(x[key] for x in rounds if x["system"] == system)
+    def med(cache: str, system: str, key: str) -> float:
+        return median(x[key] for x in rounds if x["system"] == system and x["cache"] == cache)
 
-    ratio = med("batchstream", "tokens_per_s") / med("run-batch", "tokens_per_s")
     print()
     print(
         table(
-            f"Prefix order: {workload}; KV cache {args.kv_cache_blocks or 'default'} blocks, "
-            f"max_num_seqs={args.max_num_seqs}",
-            ["round", "system", "timed s", "tok/s", "hit rate", "prefill computed", "prompt tokens"],
+            f"Prefix order: {workload}; max_num_seqs={args.max_num_seqs}, KV cache small: {small} "
+            f"blocks of {block} tokens, room: the memory setting's ({args.kv_cache_gib} GiB)",
+            ["cache", "round", "system", "timed s", "tok/s", "hit rate", "prefill computed", "prompt tokens"],
             [
                 [
+                    x["cache"],
                     x["round"],
                     x["system"],
                     x["timed_s"],
@@ -254,17 +298,37 @@ def run(args: Any) -> dict[str, Any]:
             ],
         )
     )
-    print(
-        f"ideal (each distinct prefix computed once, {args.kv_block_tokens}-token blocks): "
-        f"{best['ideal_computed']:,} of {best['prompt_tokens']:,} prompt tokens; computed/ideal: "
-        f"run-batch {med('run-batch', 'computed') / max(1, best['ideal_computed']):.2f}x, "
-        f"batchstream {med('batchstream', 'computed') / max(1, best['ideal_computed']):.2f}x"
-    )
-    print(f"prefix: {ratio:.2f}x run-batch")
+    ideal_computed = max(1, best["ideal_computed"])
+    summary: dict[str, Any] = {}
+    for cache in sorted({x["cache"] for x in rounds}, key=lambda c: c != "small"):
+        ratio = med(cache, "batchstream", "tokens_per_s") / med(cache, "run-batch", "tokens_per_s")
+        summary[cache] = {
+            "ratio": ratio,
+            "run_batch_computed_over_ideal": med(cache, "run-batch", "computed") / ideal_computed,
+            "batchstream_computed_over_ideal": med(cache, "batchstream", "computed") / ideal_computed,
+            "run_batch_hit_rate": med(cache, "run-batch", "hit_rate"),
+            "batchstream_hit_rate": med(cache, "batchstream", "hit_rate"),
+        }
+        s = summary[cache]
+        print(
+            f"{cache} cache: batchstream/run-batch tokens/s {ratio:.2f}x; hit rate "
+            f"{s['run_batch_hit_rate']:.1%} run-batch, {s['batchstream_hit_rate']:.1%} batchstream; "
+            f"prefill computed / ideal ({best['ideal_computed']:,} tokens): "
+            f"{s['run_batch_computed_over_ideal']:.2f}x run-batch, "
+            f"{s['batchstream_computed_over_ideal']:.2f}x batchstream; vLLM's cache: "
+            f"{next((x['kv_cache'] for x in rounds if x['cache'] == cache and x.get('kv_cache')), '?')}"
+        )
+    for x in pair:
+        print(
+            f"two workers, affinity {'on ' if x['affinity'] else 'off'}: hit rate {x['hit_rate']:.1%}, "
+            f"prefill computed {x['computed']:,}, {x['tokens_per_s']:.1f} tok/s"
+        )
+    print(f"prefix: {summary['small']['ratio']:.2f}x run-batch")
     return {
         "workload": workload,
         "ideal": best,
+        "kv_cache_blocks": {"small": small, "block_tokens": block},
         "rounds": rounds,
-        "ratio": ratio,
-        "kv_cache_blocks": args.kv_cache_blocks,
+        "two_workers": pair,
+        "summary": summary,
     }

@@ -73,6 +73,7 @@ class ModelSpec:
     served_name: str
     runner: str = "generate"  # "pooling" for an embeddings model
     engine: str = "vllm"  # "fake": the instant fake engine (no model; runs from the main env)
+    replica: int = 0  # a second worker of the same model is replica 1 (its own engine, one group)
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
@@ -83,7 +84,8 @@ class ModelSpec:
 
     @property
     def component(self) -> str:
-        return f"inference-{model_slug(self.served_name)}"
+        name = f"inference-{model_slug(self.served_name)}"
+        return f"{name}-{self.replica}" if self.replica else name
 
 
 @dataclass

@@ -274,7 +274,9 @@ class Stack:
     # --- data
     def provision(self, models: Iterable[str] | None = None, timeout_s: float = 60.0) -> None:
         """Create the bucket and the topics (results, control, requests.<model> per model)."""
-        served = list(models) if models is not None else [m.served_name for m in self.models]
+        served = (
+            list(models) if models is not None else list(dict.fromkeys(m.served_name for m in self.models))
+        )
         _run(provision(self.kafka_settings(), self.storage_settings(), served, timeout_s))
 
     def requeue_in_flight(self) -> list[str]:

@@ -184,6 +184,29 @@ def leader_metric(base: str, model: str) -> float:
     return 0.0
 
 
+async def partitions_of(stack: Stack, model: str, batch_id: str) -> dict[int, set[int]]:
+    """Per line of ``batch_id``, the partitions its request messages went to (read from the
+    start, no group)."""
+    consumer = AIOKafkaConsumer(
+        requests_topic(stack.kafka_settings(), model),
+        bootstrap_servers=stack.kafka_settings().bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    found: dict[int, set[int]] = {}
+    try:
+        while batch := await consumer.getmany(timeout_ms=1500):
+            for tp, records in batch.items():
+                for record in records:
+                    message = json.loads(record.value or b"{}")
+                    if message.get("batch_id") == batch_id:
+                        found.setdefault(int(message["line"]), set()).add(tp.partition)
+    finally:
+        await consumer.stop()
+    return found
+
+
 async def count_requests(stack: Stack, model: str, batch_id: str) -> int:
     """Request messages of ``batch_id`` in the model's topic (read from the start, no group)."""
     consumer = AIOKafkaConsumer(
@@ -297,6 +320,35 @@ async def test_a_prefix_ordered_batch_keeps_the_input_order_and_may_opt_out(clie
         assert done.output_file_id is not None
         text = (await client.files.content(done.output_file_id)).text
         assert [json.loads(row)["custom_id"] for row in text.splitlines()] == [x["custom_id"] for x in lines]
+
+
+async def test_a_prefix_keeps_its_partition_across_batches_and_a_worker_restart(
+    dispatch_stack: Stack, client: AsyncOpenAI
+) -> None:
+    """The same documents in a later batch, after the worker was restarted: each document's lines
+    go to the partition they went to before (the worker that holds that partition has the
+    prefix cached), and both batches complete."""
+    lines = shared_prefix_lines(FAKE_MODEL, documents=6, questions=4, seed=21)
+    doc_of = {n: line["custom_id"].split("-")[0] for n, line in enumerate(lines, 1)}
+
+    async def placed(batch: Batch) -> dict[str, set[int]]:
+        done = await wait_terminal_async(client, batch.id, 120)
+        assert done.status == "completed"
+        by_line = await partitions_of(dispatch_stack, FAKE_MODEL, batch.id)
+        assert set(by_line) == set(doc_of)
+        return {
+            doc: set().union(*(p for n, p in by_line.items() if doc_of[n] == doc))
+            for doc in set(doc_of.values())
+        }
+
+    before = await placed(await create_from_lines(client, lines))
+    assert all(len(p) == 1 for p in before.values()), before
+    dispatch_stack.stop([FAKE.component])
+    await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
+    random.Random(3).shuffle(lines)  # another file, the same prefixes
+    doc_of = {n: line["custom_id"].split("-")[0] for n, line in enumerate(lines, 1)}
+    after = await placed(await create_from_lines(client, lines))
+    assert after == before
 
 
 async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(
