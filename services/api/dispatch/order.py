@@ -5,30 +5,37 @@ run close together (and on one worker). Only a batch service sees the whole file
 validation makes the order, the dispatcher sends in it, the output keeps the input's order.
 
 **The prefix key.** Each line's prompt, as a canonical text (``prompt_text``: the tools, then each
-message's role and text, in the order a chat template renders them), is cut into blocks of
-``BLOCK_CHARS`` characters; the key is the sequence of chained hashes of those blocks (the hash of
-block ``i`` covers blocks ``0..i``, as vLLM hashes its KV blocks), at most ``MAX_BLOCKS`` of them.
-Sorted, these keys are a depth-first walk of the trie of the prompts: lines that share ``k``
-blocks lie together, and within them those sharing more lie closer still.
+message's role and text, in the order a chat template renders them), UTF-8 encoded, is cut into
+blocks of ``BLOCK_BYTES``; the key is the sequence of the digests of the prompt up to each block
+(CRC-32 and Adler-32 of the prefix, run on from the previous block's: one pass, in C), at most
+``MAX_BLOCKS`` of them. Sorted, these keys are a depth-first walk of the trie of the prompts:
+lines that share ``k`` blocks lie together, and within them those sharing more lie closer still.
+A digest collision only moves a line in the order; nothing else depends on it.
 
 **Groups.** In that walk, a run of lines in which each shares at least ``min_shared_chars`` with
-the one before is a *group*; its id is the chained hash of the prefix every line of it shares
-(the same text gives the same id in any batch, so it names a cache's content). The order sends
-groups by their first line in the file and a group's lines in trie order; a line that shares no
-such prefix keeps its place in the file, so a file without shared prefixes is sent in file order.
+the one before is a *group*; its id is the digest of the prefix every line of it shares (the same
+text gives the same id in any batch, so it names a cache's content). The order sends groups by
+their first line in the file and a group's lines in trie order; a line that shares no such
+prefix keeps its place in the file, so a file without shared prefixes is sent in file order.
 
-**Bounded memory.** Both sorts are external: at most ``RUN_LINES`` records are held, sorted runs
-spill to a temporary file and are merged (``heapq.merge``); the group table holds 12 bytes per
-group. The order is an object beside the input (``dispatch_order_key``): ``RECORD`` bytes per line.
+**The order object** (``dispatch_order_key``) holds the request lines themselves, in dispatch
+order, each behind a ``HEADER`` (its byte offset and length in the input, its line number, group
+and rank), so the dispatcher reads it front to back like the input: no ranged read per line.
+
+**Bounded memory.** Validation keeps a small record per line (its key, number and place), not
+the line. Both sorts are external: runs of at most ``RUN_BYTES`` are sorted in memory, spilled to
+a temporary file and merged (``heapq.merge``); the run table holds 16 bytes per run. The lines
+are then copied in dispatch order from a local copy of the input. An order that changes nothing
+(every line in file order, one group at most) is not stored: the batch goes in file order.
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import os
 import struct
 import tempfile
+import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
@@ -37,21 +44,23 @@ from typing import IO, Any
 
 import orjson
 
-from services.api.dispatch.reader import read_lines
 from shared.input_lines import InputLine
 from shared.kafka import key_partition
 from shared.storage import ObjectStore
 
-BLOCK_CHARS = 64
-MAX_BLOCKS = 64  # 4,096 characters of a prompt take part in the key
+BLOCK_BYTES = 256
+MAX_BLOCKS = 16  # 4 KiB of a prompt take part in the key
 DIGEST = 8
 KEY_BYTES = MAX_BLOCKS * DIGEST
-RUN_LINES = 16_384
-# Each line of the order: input byte offset, length, line number, group id (0: none), rank in group.
-RECORD = struct.Struct("<QIIQI")
+RUN_BYTES = 32 * 1024 * 1024
+# Before each line of the order: input byte offset, length, line number, group id (0: none), rank.
+HEADER = struct.Struct("<QIIQI")
 # What the sorts compare, packed big-endian so that the bytes compare as the values do.
 _KEYED = struct.Struct(f">{KEY_BYTES}sIQI")  # prefix key, number, start, length
-_PLACED = struct.Struct(">IIQIIQ")  # the group's first number, rank, start, length, number, group
+# The group's first number, the line's key up to what it shares with a neighbour, number, start,
+# length, group id.
+_PLACED = struct.Struct(f">I{KEY_BYTES}sIQIQ")
+_LENGTH = struct.Struct("<I")
 
 
 # ------------------------------------------------------------------------------------ prompt text
@@ -101,14 +110,14 @@ def prompt_text(url: str, body: dict[str, Any]) -> str | None:
 
 
 def prefix_key(text: str) -> bytes:
-    """The chained block hashes of ``text`` (``KEY_BYTES``, zero-padded)."""
+    """The digests of ``text``'s prefixes up to each block (``KEY_BYTES``, zero-padded)."""
+    data = text.encode("utf-8", "surrogatepass")[: BLOCK_BYTES * MAX_BLOCKS]
     out = bytearray()
-    previous = b""
-    for i in range(0, min(len(text), BLOCK_CHARS * MAX_BLOCKS), BLOCK_CHARS):
-        previous = hashlib.blake2b(
-            previous + text[i : i + BLOCK_CHARS].encode("utf-8", "surrogatepass"), digest_size=DIGEST
-        ).digest()
-        out += previous
+    crc, adler = 0, 1
+    for i in range(0, len(data), BLOCK_BYTES):
+        block = data[i : i + BLOCK_BYTES]
+        crc, adler = zlib.crc32(block, crc), zlib.adler32(block, adler)
+        out += ((crc << 32) | adler).to_bytes(DIGEST, "big")
     return bytes(out).ljust(KEY_BYTES, b"\0")
 
 
@@ -127,18 +136,20 @@ def shared_blocks(a: bytes, b: bytes) -> int:
 
 
 class _Runs:
-    """Records of a fixed size sorted in runs of ``RUN_LINES`` spilled to one temporary file,
-    then merged: memory holds one run, plus a read buffer per run while merging."""
+    """Records sorted in runs of at most ``run_bytes``, spilled to one temporary file (each record
+    behind its length), then merged: memory holds one run, plus a read buffer per run."""
 
-    def __init__(self, item: struct.Struct, run_lines: int) -> None:  # item: the record's layout
-        self.item, self.run_lines = item, run_lines
+    def __init__(self, run_bytes: int) -> None:
+        self.run_bytes = run_bytes
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._spill: IO[bytes] | None = None
-        self._runs: list[tuple[int, int]] = []  # (offset, count) in the spill file
+        self._runs: list[tuple[int, int]] = []  # (offset, bytes) in the spill file
 
     def add(self, record: bytes) -> None:
         self._pending.append(record)
-        if len(self._pending) >= self.run_lines:
+        self._pending_bytes += len(record) + 64  # and the list's and object's own share
+        if self._pending_bytes >= self.run_bytes:
             self._flush()
 
     def _flush(self) -> None:
@@ -148,29 +159,35 @@ class _Runs:
             self._spill = tempfile.TemporaryFile()
         self._pending.sort()
         offset = self._spill.seek(0, os.SEEK_END)
-        self._spill.write(b"".join(self._pending))
-        self._runs.append((offset, len(self._pending)))
-        self._pending = []
+        self._spill.write(b"".join(_LENGTH.pack(len(r)) + r for r in self._pending))
+        self._runs.append((offset, self._spill.tell() - offset))
+        self._pending, self._pending_bytes = [], 0
 
-    def _read_run(self, offset: int, count: int) -> Iterator[bytes]:
+    def _read_run(self, offset: int, size: int) -> Iterator[bytes]:
         assert self._spill is not None
-        size = self.item.size
-        step = max(1, 65_536 // size)
-        for first in range(0, count, step):
-            n = min(step, count - first)
-            self._spill.seek(offset + first * size)
-            block = self._spill.read(n * size)
-            for j in range(n):
-                yield block[j * size : (j + 1) * size]
+        spill, end, pending, at = self._spill, offset + size, b"", offset
+        while True:
+            while len(pending) >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(pending)
+                if len(pending) < _LENGTH.size + length:
+                    break
+                yield pending[_LENGTH.size : _LENGTH.size + length]
+                pending = pending[_LENGTH.size + length :]
+            if at >= end:
+                return
+            spill.seek(at)
+            chunk = spill.read(min(1 << 20, end - at))
+            at += len(chunk)
+            pending += chunk
 
     def sorted(self) -> Iterator[bytes]:
-        """Every record in byte order (records compare as their packed bytes)."""
+        """Every record in byte order (may be walked more than once)."""
         if self._spill is None:
             self._pending.sort()
             yield from self._pending
             return
         self._flush()
-        yield from heapq.merge(*(self._read_run(o, c) for o, c in self._runs))
+        yield from heapq.merge(*(self._read_run(o, n) for o, n in self._runs))
 
     def close(self) -> None:
         if self._spill is not None:
@@ -186,19 +203,28 @@ class OrderStats:
     lines: int = 0
     grouped: int = 0  # lines in a group
     groups: int = 0
+    in_file_order: bool = True  # the order is the file's own
+
+    @property
+    def worth_storing(self) -> bool:
+        """Whether an order changes anything: lines move, or several groups (affinity) exist."""
+        return self.groups > 1 or (self.groups == 1 and not self.in_file_order)
 
 
 class OrderBuilder:
-    """Collects each request line's prefix key during validation; ``write`` makes the order file.
+    """Collects each request line's prefix key during validation (small records: not the lines);
+    ``plan`` finds the order, ``write`` writes the order object with the lines it reads.
 
-    ``add`` takes the lines in file order. ``write`` walks the sorted keys twice: once to find
-    each group's first line and shared prefix (12 bytes per group), once to place the lines.
+    ``add`` takes the lines in file order. ``plan`` walks the sorted keys twice: once to find
+    each run's first line and shared prefix (16 bytes per run, a lone line being a run of one),
+    once to place the lines; the placed entries go to a temporary file in dispatch order.
     """
 
-    def __init__(self, min_shared_chars: int, run_lines: int = RUN_LINES) -> None:
-        self.min_blocks = max(1, -(-min_shared_chars // BLOCK_CHARS))
-        self._run_lines = run_lines
-        self._keys = _Runs(_KEYED, run_lines)
+    def __init__(self, min_shared_chars: int, run_bytes: int = RUN_BYTES) -> None:
+        self.min_blocks = max(1, -(-min_shared_chars // BLOCK_BYTES))
+        self._run_bytes = run_bytes
+        self._keys = _Runs(run_bytes)
+        self._plan: IO[bytes] | None = None
         self.stats = OrderStats()
 
     def add(self, line: InputLine, text: str | None) -> None:
@@ -206,7 +232,7 @@ class OrderBuilder:
         self._keys.add(_KEYED.pack(key, line.number, line.start, len(line.raw)))
         self.stats.lines += 1
 
-    def _runs(self) -> Iterator[tuple[bool, bytes, int, int, int]]:
+    def _walk(self) -> Iterator[tuple[bool, bytes, int, int, int]]:
         """The sorted lines as ``(starts a run, key, number, start, length)``."""
         previous: bytes | None = None
         for record in self._keys.sorted():
@@ -215,12 +241,25 @@ class OrderBuilder:
             previous = key
             yield fresh, key, number, start, length
 
-    def write(self, out: IO[bytes]) -> OrderStats:
-        """Write the order (``RECORD`` per line) to ``out``; returns what it found."""
+    def _depths(self) -> Iterator[tuple[bool, bytes, int, int, int, int]]:
+        """``_walk`` with how many blocks each line shares with the nearer of its neighbours."""
+        before = 0
+        held: tuple[bool, bytes, int, int, int] | None = None
+        for item in self._walk():
+            if held is not None:
+                after = shared_blocks(held[1], item[1])
+                yield held[0], held[1], max(before, after), held[2], held[3], held[4]
+                before = after
+            held = item
+        if held is not None:
+            yield held[0], held[1], before, held[2], held[3], held[4]
+
+    def plan(self) -> OrderStats:
+        """Find the order (kept in a temporary file for ``write``); returns what it found."""
         firsts, ids, sizes = array("I"), array("Q"), array("I")
         head = b""
         common = 0
-        for fresh, key, number, _, _ in self._runs():
+        for fresh, key, number, _, _ in self._walk():
             if fresh:
                 if sizes:
                     ids.append(_group_id(head, common, sizes[-1]))
@@ -233,28 +272,59 @@ class OrderBuilder:
                 common = min(common, shared_blocks(head, key))
         if sizes:
             ids.append(_group_id(head, common, sizes[-1]))
-        places = _Runs(_PLACED, self._run_lines)
+        places = _Runs(self._run_bytes)
+        self._plan = tempfile.TemporaryFile()
         try:
-            group, rank = -1, 0
-            for fresh, _, number, start, length in self._runs():
-                group, rank = (group + 1, 0) if fresh else (group, rank + 1)
-                places.add(_PLACED.pack(firsts[group], rank, start, length, number, ids[group]))
+            group = -1
+            for fresh, key, depth, number, start, length in self._depths():
+                group += fresh
+                # Within a group, lines sharing more than the group's prefix stay together (their
+                # key up to what they share with a neighbour); the rest keep their file order.
+                sub = key[: depth * DIGEST].ljust(KEY_BYTES, b"\0")
+                places.add(_PLACED.pack(firsts[group], sub, number, start, length, ids[group]))
+            previous, rank, last_group = 0, 0, -1
             for record in places.sorted():
-                _, rank, start, length, number, group_id = _PLACED.unpack(record)
-                out.write(RECORD.pack(start, length, number, group_id, rank))
+                first, _, number, start, length, group_id = _PLACED.unpack(record)
+                rank = rank + 1 if first == last_group else 0
+                last_group = first
+                self._plan.write(HEADER.pack(start, length, number, group_id, rank))
+                self.stats.in_file_order &= number > previous
+                previous = number
         finally:
             places.close()
             self._keys.close()
-        grouped = [size for size in sizes if size > 1]
+        grouped = [n for n in sizes if n > 1]
         self.stats.groups, self.stats.grouped = len(grouped), sum(grouped)
         return self.stats
 
+    def write(self, out: IO[bytes], source: IO[bytes]) -> None:
+        """Write the order object to ``out``: each line (read from ``source``, a seekable copy of
+        the input) behind its header, in dispatch order."""
+        assert self._plan is not None, "plan() first"
+        plan, self._plan = self._plan, None
+        try:
+            plan.seek(0)
+            while block := plan.read(HEADER.size * 4096):
+                for at in range(0, len(block), HEADER.size):
+                    header = block[at : at + HEADER.size]
+                    start, length, _, _, _ = HEADER.unpack(header)
+                    source.seek(start)
+                    out.write(header + source.read(length))
+        finally:
+            plan.close()
+
+    def close(self) -> None:
+        self._keys.close()
+        if self._plan is not None:
+            self._plan.close()
+            self._plan = None
+
 
 def _group_id(head: bytes, common: int, size: int) -> int:
-    """A group's id: the chained hash of the prefix all its lines share (0: a line alone)."""
+    """A group's id: the digest of the prefix all its lines share (0: a line alone)."""
     if size < 2 or common < 1:
         return 0
-    return int.from_bytes(head[(common - 1) * DIGEST : common * DIGEST], "little") or 1
+    return int.from_bytes(head[(common - 1) * DIGEST : common * DIGEST], "big") or 1
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -262,74 +332,72 @@ def _group_id(head: bytes, common: int, size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class OrderEntry:
-    start: int
+    start: int  # the line's byte offset in the input file
     length: int
     number: int
     group: int  # 0: the line shares no long prefix
     rank: int  # its place within the group
+    raw: bytes = b""
 
 
-def read_entries(data: bytes) -> list[OrderEntry]:
-    size = RECORD.size
-    return [OrderEntry(*RECORD.unpack_from(data, i)) for i in range(0, len(data) - size + 1, size)]
-
-
-async def iter_entries(store: ObjectStore, key: str, first: int = 0) -> AsyncIterator[list[OrderEntry]]:
-    """The order's entries from entry ``first`` on, a chunk at a time."""
-    pending = b""
-    async for chunk in store.iter_chunks(key, offset=first * RECORD.size):
-        pending += chunk
-        whole = len(pending) - len(pending) % RECORD.size
-        if whole:
-            yield read_entries(pending[:whole])
-            pending = pending[whole:]
+def read_entries(data: bytes) -> tuple[list[OrderEntry], int]:
+    """The whole entries at the front of ``data``, and how many bytes they took."""
+    entries: list[OrderEntry] = []
+    at, size = 0, HEADER.size
+    while len(data) - at >= size:
+        start, length, number, group, rank = HEADER.unpack_from(data, at)
+        if len(data) - at - size < length:
+            break
+        entries.append(OrderEntry(start, length, number, group, rank, data[at + size : at + size + length]))
+        at += size + length
+    return entries, at
 
 
 class OrderCursor:
-    """Reads a batch's lines in its dispatch order, from entry ``line - 1`` on; the same surface
-    as ``reader.InputCursor``. Its position counts entries of the order: ``line`` is the next
-    entry's index + 1, ``byte`` its offset in the order object. ``placed`` holds the order
-    entries of the lines the last ``take`` returned (their prefix group and rank)."""
+    """Reads a batch's lines in its dispatch order, from the order object's entry ``line - 1``
+    at byte ``byte`` on; the same surface as ``reader.InputCursor``. ``placed`` holds the entries
+    of the lines the last ``take`` returned (their prefix group and rank)."""
 
-    def __init__(self, store: ObjectStore, key: str, input_key: str, line: int = 1) -> None:
-        self.store, self.key, self.input_key = store, key, input_key
-        self.line = max(1, line)
-        self.byte = (self.line - 1) * RECORD.size
+    def __init__(self, store: ObjectStore, key: str, line: int = 1, byte: int = 0) -> None:
+        self.store, self.key = store, key
+        self.line, self.byte = max(1, line), byte
         self.exhausted = False
         self.placed: dict[int, OrderEntry] = {}
-        self._entries: AsyncIterator[list[OrderEntry]] | None = None
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._pending = b""
         self._buffer: list[OrderEntry] = []
 
     async def take(self, count: int) -> list[InputLine]:
-        if self._entries is None:
-            self._entries = iter_entries(self.store, self.key, self.line - 1)
+        if self._chunks is None:
+            self._chunks = self.store.iter_chunks(self.key, offset=self.byte)
         taken: list[OrderEntry] = []
         while len(taken) < count and not self.exhausted:
             if not self._buffer:
-                chunk = await anext(self._entries, None)
+                chunk = await anext(self._chunks, None)
                 if chunk is None:
                     self.exhausted = True
                     break
-                self._buffer = chunk[::-1]
+                self._pending += chunk
+                entries, used = read_entries(self._pending)
+                self._pending = self._pending[used:]
+                self._buffer = entries[::-1]
+                continue
             taken.append(self._buffer.pop())
-        raws = await read_lines(self.store, self.input_key, [(e.start, e.length) for e in taken])
         self.line += len(taken)
-        self.byte = (self.line - 1) * RECORD.size
+        self.byte += sum(HEADER.size + e.length for e in taken)
         self.placed = {e.number: e for e in taken}
-        return [InputLine(e.number, e.start, raw) for e, raw in zip(taken, raws, strict=True)]
+        return [InputLine(e.number, e.start, e.raw) for e in taken]
 
     async def close(self) -> None:
-        entries, self._entries = self._entries, None
-        self._buffer = []
-        if entries is not None:
-            await entries.aclose()  # type: ignore[attr-defined]
+        chunks, self._chunks = self._chunks, None
+        self._pending, self._buffer = b"", []
+        if chunks is not None:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
 
-async def scan_order(
-    store: ObjectStore, key: str, input_key: str, upto_line: int
-) -> AsyncIterator[InputLine]:
-    """The lines of the first ``upto_line - 1`` entries (those an earlier dispatcher sent)."""
-    cursor = OrderCursor(store, key, input_key)
+async def scan_order(store: ObjectStore, key: str, upto_line: int) -> AsyncIterator[InputLine]:
+    """The lines of the order's first ``upto_line - 1`` entries (those an earlier dispatcher sent)."""
+    cursor = OrderCursor(store, key)
     try:
         while cursor.line < upto_line and not cursor.exhausted:
             for item in await cursor.take(min(256, upto_line - cursor.line)):

@@ -90,7 +90,7 @@ class QueuedState:
         if self.cursor is None:
             p = self.position
             self.cursor = (
-                OrderCursor(store, dispatch_order_key(self.batch_id), self.object_key, p.line)
+                OrderCursor(store, dispatch_order_key(self.batch_id), p.line, p.byte)
                 if self.ordered
                 else InputCursor(store, self.object_key, p.line, p.byte)
             )
@@ -99,7 +99,7 @@ class QueuedState:
     def sent_before(self, store: ObjectStore, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:
         """The lines sent before a position (a takeover's check of an earlier dispatcher's)."""
         if self.ordered:
-            return scan_order(store, dispatch_order_key(self.batch_id), self.object_key, upto_line)
+            return scan_order(store, dispatch_order_key(self.batch_id), upto_line)
         return scan(store, self.object_key, upto_line, upto_byte)
 
     async def close_cursor(self) -> None:

@@ -285,15 +285,19 @@ class BatchService:
         )
         order = OrderBuilder(self.dispatch.prefix_min_shared_chars) if batch.prefix_order else None
         validator.order = order
-        report = await validator.run(request_lines(self.store.iter_chunks(input_file.object_key)))
-        if not report.ok:
-            await self._fail(batch, report.errors)
-            log.info(
-                "batch failed validation",
-                extra={"batch_id": batch.id, "errors": report.error_count},
-            )
-            return None
-        ordered = order is not None and await self._save_order(batch.id, order)
+        try:
+            report = await validator.run(request_lines(self.store.iter_chunks(input_file.object_key)))
+            if not report.ok:
+                await self._fail(batch, report.errors)
+                log.info(
+                    "batch failed validation",
+                    extra={"batch_id": batch.id, "errors": report.error_count},
+                )
+                return None
+            ordered = order is not None and await self._save_order(batch.id, input_file.object_key, order)
+        finally:
+            if order is not None:
+                order.close()  # its temporary files
         if not await self.batches.start(batch.id, report.model, report.lines, prefix_order=ordered):
             return None  # cancelled (or ended) meanwhile
         counts = batch.request_counts.model_copy(update={"total": report.lines})
@@ -306,15 +310,17 @@ class BatchService:
             }
         )
 
-    async def _save_order(self, batch_id: str, order: OrderBuilder) -> bool:
-        """Write the batch's dispatch order beside its input; False when it would be the file's
-        own order (no line shares a long prefix): the dispatcher then reads the file in order."""
-        if order.stats.lines == 0:
+    async def _save_order(self, batch_id: str, input_key: str, order: OrderBuilder) -> bool:
+        """Write the batch's dispatch order beside its input (the lines in that order); False
+        when it would change nothing (``OrderStats.worth_storing``): the dispatcher then reads
+        the input in file order."""
+        stats = await asyncio.to_thread(order.plan)
+        if not stats.worth_storing:
             return False
-        with tempfile.NamedTemporaryFile(prefix="order-", suffix=".bin") as out:
-            stats = await asyncio.to_thread(order.write, out)
-            if stats.groups == 0:
-                return False
+        with tempfile.TemporaryFile() as source, tempfile.NamedTemporaryFile(suffix=".order") as out:
+            async for chunk in self.store.iter_chunks(input_key):  # a local copy when it has one
+                await asyncio.to_thread(source.write, chunk)
+            await asyncio.to_thread(order.write, out, source)
             out.flush()
             await self.store.put_file(dispatch_order_key(batch_id), out.name)
         log.info(

@@ -6,10 +6,11 @@ import io
 import random
 
 from services.api.dispatch.order import (
-    RECORD,
+    HEADER,
     Affinity,
     OrderBuilder,
     OrderEntry,
+    OrderStats,
     prefix_key,
     prompt_text,
     read_entries,
@@ -27,17 +28,34 @@ def chat(system: str, user: str) -> dict[str, object]:
     }
 
 
-def build(texts: list[str | None], run_lines: int = 10_000) -> list[OrderEntry]:
-    builder = OrderBuilder(min_shared_chars=256, run_lines=run_lines)
-    start = 0
+def build(texts: list[str | None], run_bytes: int = 1 << 30) -> list[OrderEntry]:
+    """The order of a file whose lines are ``texts`` (each line's prompt is its text)."""
+    builder = OrderBuilder(min_shared_chars=256, run_bytes=run_bytes)
+    source = io.BytesIO()
     for number, text in enumerate(texts, 1):
         raw = (text or "").encode()
-        builder.add(InputLine(number, start, raw), text)
-        start += len(raw) + 1
+        builder.add(InputLine(number, source.tell(), raw), text)
+        source.write(raw + b"\n")
+    builder.plan()
     out = io.BytesIO()
-    builder.write(out)
-    assert len(out.getvalue()) == RECORD.size * len(texts)
-    return read_entries(out.getvalue())
+    builder.write(out, source)
+    builder.close()
+    entries, used = read_entries(out.getvalue())
+    assert used == len(out.getvalue()) == sum(HEADER.size + len(t or "") for t in texts)
+    for entry in entries:  # each line is stored in full behind its header
+        assert entry.raw == (texts[entry.number - 1] or "").encode() and entry.length == len(entry.raw)
+    return entries
+
+
+def stats(texts: list[str]) -> OrderStats:
+    builder = OrderBuilder(min_shared_chars=256)
+    start = 0
+    for number, text in enumerate(texts, 1):
+        builder.add(InputLine(number, start, text.encode()), text)
+        start += len(text) + 1
+    found = builder.plan()
+    builder.close()
+    return found
 
 
 def shuffled_questions(seed: int = 7) -> list[str]:
@@ -86,7 +104,7 @@ def test_a_file_without_shared_prefixes_keeps_file_order() -> None:
 
 def test_the_external_sort_gives_the_same_order_as_in_memory() -> None:
     texts = shuffled_questions(seed=3)
-    assert build(texts, run_lines=4) == build(texts)
+    assert build(texts, run_bytes=4_000) == build(texts)  # runs of a few lines, spilled and merged
 
 
 def test_the_same_prefix_has_the_same_group_in_any_batch() -> None:
@@ -97,10 +115,10 @@ def test_the_same_prefix_has_the_same_group_in_any_batch() -> None:
 
 
 def test_prompt_text_follows_the_rendered_order() -> None:
-    a = prompt_text("/v1/chat/completions", chat("You are terse." * 30, "Q1"))
-    b = prompt_text("/v1/chat/completions", chat("You are terse." * 30, "Q2"))
+    a = prompt_text("/v1/chat/completions", chat("You are terse." * 80, "Q1"))
+    b = prompt_text("/v1/chat/completions", chat("You are terse." * 80, "Q2"))
     assert a is not None and b is not None
-    assert shared_blocks(prefix_key(a), prefix_key(b)) >= 6
+    assert shared_blocks(prefix_key(a), prefix_key(b)) == 1127 // 256  # the whole blocks they share
     assert prompt_text("/v1/embeddings", {"input": "x"}) is None
     assert prompt_text("/v1/completions", {"prompt": "abc"}) == "abc"
 
@@ -118,3 +136,13 @@ def test_affinity_keeps_a_slice_on_its_partition_and_spills_when_full() -> None:
     assert fresh.partition(entry, 4, load) == emptiest  # the home partition is far fuller
     assert affinity.partition(OrderEntry(0, 1, 3, 0, 0), 4, {}) is None  # no group: anywhere
     assert affinity.partition(entry, 1, {}) is None
+
+
+def test_an_order_that_changes_nothing_is_not_worth_storing() -> None:
+    assert not stats([f"say req-{n}" for n in range(50)]).worth_storing  # no shared prefix
+    same = [DOCS[0] + f" question {n}" for n in range(50)]  # one group, already in place
+    assert stats(same).groups == 1 and not stats(same).worth_storing
+    assert stats(shuffled_questions()).worth_storing
+    ordered = [f"{doc}\nQuestion {q}" for doc in DOCS for q in range(3)]  # in place, but 6 groups
+    found = stats(ordered)
+    assert found.in_file_order and found.worth_storing  # affinity still places the groups
