@@ -377,6 +377,34 @@ async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(
     assert await count_requests(dispatch_stack, FAKE_MODEL, batch.id) - resent < total + killed_at
 
 
+async def test_a_dispatcher_killed_mid_batch_resumes_a_prefix_ordered_batch(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    """The same for a batch in prefix order: the position counts entries of its order, and a
+    takeover's check reads the order's first entries."""
+    lines = shared_prefix_lines(FAKE_MODEL, documents=200, questions=30, seed=13)
+    batch = await create_from_lines(client, lines)
+    await eventually(lambda: _at_least(sent_lines(db, batch.id), 1000), 120, "1,000 lines dispatched")
+    pid = dispatch_stack.pid("api")
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    killed_at = await sent_lines(db, batch.id)
+    assert killed_at < len(lines), "the batch was wholly dispatched before the kill"
+    await asyncio.to_thread(dispatch_stack.start, ["api"])
+
+    done = await wait_terminal_async(client, batch.id, 300)
+    assert done.status == "completed" and (done.model_extra or {}).get("prefix_order") is True
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (len(lines), 0)
+    assert done.output_file_id is not None
+    text = (await client.files.content(done.output_file_id)).text
+    assert [json.loads(row)["custom_id"] for row in text.splitlines()] == [x["custom_id"] for x in lines]
+    resent = _metric(
+        await _metrics(client), f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}'
+    )
+    assert await count_requests(dispatch_stack, FAKE_MODEL, batch.id) - resent < len(lines) + killed_at
+
+
 async def test_results_dropped_between_worker_and_aggregator_are_sent_again(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:

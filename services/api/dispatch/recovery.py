@@ -65,7 +65,10 @@ class Recovery:
             future = await self.sender.request(state.topic, batch, item)
             resend.append(Sending(batch, item, future, line.attempt + 1))
         doubt = state.book.due_doubt(batch.batch_id, now)
-        if doubt is not None and seen.count_below(doubt.upto_line) < doubt.sent:
+        # In file order the lines sent are those numbered below the position, so a count of the
+        # results below it tells whether any is missing; in a dispatch order they are the
+        # order's first entries, whatever their numbers: look (one read of the order's head).
+        if doubt is not None and (batch.ordered or seen.count_below(doubt.upto_line) < doubt.sent):
             # Some line an earlier dispatcher sent has no result: find which (reads the file).
             async for item in batch.sent_before(self.store, doubt.upto_line, doubt.upto_byte):
                 if item.number not in seen and not state.book.tracked(batch.batch_id, item.number):

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import io
 import random
+from collections.abc import AsyncIterator
+from typing import cast
 
 from services.api.dispatch.order import (
     HEADER,
     Affinity,
     OrderBuilder,
+    OrderCursor,
     OrderEntry,
     OrderStats,
     prefix_key,
     prompt_text,
     read_entries,
+    scan_order,
     shared_blocks,
 )
 from shared.input_lines import InputLine
+from shared.storage import ObjectStore
 
 DOCS = [f"Document {d}: " + " ".join(f"w{d}x{i}" for i in range(120)) for d in range(6)]
 
@@ -146,3 +151,46 @@ def test_an_order_that_changes_nothing_is_not_worth_storing() -> None:
     ordered = [f"{doc}\nQuestion {q}" for doc in DOCS for q in range(3)]  # in place, but 6 groups
     found = stats(ordered)
     assert found.in_file_order and found.worth_storing  # affinity still places the groups
+
+
+class FakeObjectStore:
+    """Serves one object from memory in 7-byte chunks (an entry spans several), from an offset."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def iter_chunks(self, key: str, offset: int = 0, length: int = 0) -> AsyncIterator[bytes]:
+        end = offset + length if length else len(self.data)
+        for start in range(offset, end, 7):
+            yield self.data[start : min(start + 7, end)]
+
+
+def order_object(texts: list[str]) -> bytes:
+    builder = OrderBuilder(min_shared_chars=256)
+    source = io.BytesIO()
+    for number, text in enumerate(texts, 1):
+        builder.add(InputLine(number, source.tell(), text.encode()), text)
+        source.write(text.encode() + b"\n")
+    builder.plan()
+    out = io.BytesIO()
+    builder.write(out, source)
+    builder.close()
+    return out.getvalue()
+
+
+async def test_a_cursor_resumes_at_its_saved_position_and_a_scan_reads_the_sent_lines() -> None:
+    texts = shuffled_questions(seed=9)
+    store = cast(ObjectStore, FakeObjectStore(order_object(texts)))
+    expected = [e.number for e in build(texts)]
+    cursor = OrderCursor(store, "k")
+    first = await cursor.take(7)
+    assert [x.number for x in first] == expected[:7]
+    assert all(x.raw == texts[x.number - 1].encode() for x in first)
+    assert set(cursor.placed) == {x.number for x in first}
+    line, byte = cursor.line, cursor.byte  # what the dispatcher saves once they are on Kafka
+    await cursor.close()
+    resumed = OrderCursor(store, "k", line, byte)
+    rest = await resumed.take(1000)
+    assert [x.number for x in rest] == expected[7:] and resumed.exhausted
+    sent = [x.number async for x in scan_order(store, "k", line)]
+    assert sent == expected[:7]  # a takeover's check looks at exactly the lines sent before
