@@ -6,11 +6,12 @@ validation makes the order, the dispatcher sends in it, the output keeps the inp
 
 **The prefix key.** Each line's prompt, as a canonical text (``prompt_text``: the tools, then each
 message's role and text, in the order a chat template renders them), UTF-8 encoded, is cut into
-blocks of ``BLOCK_BYTES``; the key is the sequence of the digests of the prompt up to each block
-(CRC-32 and Adler-32 of the prefix, run on from the previous block's: one pass, in C), at most
-``MAX_BLOCKS`` of them. Sorted, these keys are a depth-first walk of the trie of the prompts:
-lines that share ``k`` blocks lie together, and within them those sharing more lie closer still.
-A digest collision only moves a line in the order; nothing else depends on it.
+blocks of ``BLOCK_BYTES``; the key is the sequence of the CRC-32s of the prompt up to each block
+(each run on from the previous block's: one pass, in C), at most ``MAX_BLOCKS`` of them. Sorted,
+these keys are a depth-first walk of the trie of the prompts: lines that share ``k`` blocks lie
+together, and within them those sharing more lie closer still.
+A collision (two prefixes with one CRC, about one in 4 billion pairs) only moves a line in the
+order or joins two groups; nothing else depends on it.
 
 **Groups.** In that walk, a run of lines in which each shares at least ``min_shared_chars`` with
 the one before is a *group*; its id is the digest of the prefix every line of it shares (the same
@@ -50,7 +51,7 @@ from shared.storage import ObjectStore
 
 BLOCK_BYTES = 256
 MAX_BLOCKS = 16  # 4 KiB of a prompt take part in the key
-DIGEST = 8
+DIGEST = 4  # CRC-32 of the prefix
 KEY_BYTES = MAX_BLOCKS * DIGEST
 RUN_BYTES = 32 * 1024 * 1024
 # Before each line of the order: input byte offset, length, line number, group id (0: none), rank.
@@ -111,14 +112,12 @@ def prompt_text(url: str, body: dict[str, Any]) -> str | None:
 
 def prefix_key(text: str) -> bytes:
     """The digests of ``text``'s prefixes up to each block (``KEY_BYTES``, zero-padded)."""
-    data = text.encode("utf-8", "surrogatepass")[: BLOCK_BYTES * MAX_BLOCKS]
-    out = bytearray()
-    crc, adler = 0, 1
+    data = memoryview(text.encode("utf-8", "surrogatepass"))[: BLOCK_BYTES * MAX_BLOCKS]
+    digests, crc = [], 0
     for i in range(0, len(data), BLOCK_BYTES):
-        block = data[i : i + BLOCK_BYTES]
-        crc, adler = zlib.crc32(block, crc), zlib.adler32(block, adler)
-        out += ((crc << 32) | adler).to_bytes(DIGEST, "big")
-    return bytes(out).ljust(KEY_BYTES, b"\0")
+        crc = zlib.crc32(data[i : i + BLOCK_BYTES], crc)
+        digests.append(crc)
+    return struct.pack(f">{len(digests)}I", *digests).ljust(KEY_BYTES, b"\0")
 
 
 def shared_blocks(a: bytes, b: bytes) -> int:
