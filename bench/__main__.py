@@ -65,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pre = parser.add_argument_group("prefix order (shared-prefix file against run-batch)")
     pre.add_argument("--input", default="", help="a chat-completions JSONL file instead of the generated one")
     pre.add_argument(
+        "--prefix-model-dir",
+        default=default_path("BATCHSTREAM_BENCH_PREFIX_MODEL_DIR", ".cache/models/gemma-3-270m"),
+        help="the model of the prefix benchmark (Gemma 3 270M: prefill costs what it does on a real model)",
+    )
+    pre.add_argument(
         "--kv-cache-tokens",
         type=int,
         default=0,

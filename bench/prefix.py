@@ -16,9 +16,11 @@ KV blocks as vLLM caches them. The last line is ``prefix: X.XXx run-batch``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import tempfile
 import time
@@ -29,9 +31,12 @@ from openai import OpenAI
 
 from bench.common import MongoPoller, median, new_stack, start_stack, table
 from bench.parity import engine_env, run_batch_once
-from deploy.local import ModelSpec
+from deploy.local import ModelSpec, Stack
 
 SERVED_NAME = "prefix-model"
+SERVED_COMPONENT = ModelSpec("", SERVED_NAME).component
+# The first start's KV cache in blocks, from which the model's tokens per block are measured.
+PROBE_BLOCKS = 400
 WORDS = "river stone lamp market clock storm bread field letter window garden tower".split()
 
 
@@ -191,30 +196,56 @@ def engine_settings(args: Any, blocks: int) -> dict[str, str]:
     }
 
 
-def compare(args: Any, input_path: Path, work: Path, blocks: int, label: str) -> list[dict[str, Any]]:
-    """Rounds of run-batch and the stack (one worker) with a KV cache of ``blocks`` (0: the
-    memory setting's), alternating which goes first."""
-    stack = new_stack(
-        [ModelSpec(args.model_dir, SERVED_NAME)],
-        inference_python=args.inference_python,
-        **engine_settings(args, blocks),
-        **args.env,
-    )
+def cache_tokens(stack: Stack, component: str) -> int:
+    """The KV cache's size in tokens as the worker's vLLM reports it (0 if not found)."""
+    for line in stack.log_file(component).read_text(errors="replace").splitlines():
+        found = re.search(r"KV cache size: ([\d,]+) tokens", line)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    return 0
+
+
+def sized_stack(args: Any, models: list[ModelSpec], wanted_tokens: int, **env: str) -> tuple[Stack, int]:
+    """A started stack whose workers' KV caches hold about ``wanted_tokens`` (0: the memory
+    setting's cache): vLLM's tokens per block depend on the model (a hybrid model's sliding-window
+    layers share the pool), so the first start measures them and the workers restart sized."""
+    probe = PROBE_BLOCKS if wanted_tokens else 0
+    stack = new_stack(models, inference_python=args.inference_python, **engine_settings(args, probe), **env)
+    start_stack(stack)
+    if not wanted_tokens:
+        return stack, 0
+    per_block = cache_tokens(stack, models[0].component) / PROBE_BLOCKS
+    if not per_block:
+        raise RuntimeError("the worker's log does not say its KV cache size")
+    blocks = max(1, round(wanted_tokens / per_block))
+    if blocks != probe:
+        stack.extra_env["BATCHSTREAM_INFERENCE_KV_CACHE_BLOCKS"] = str(blocks)
+        names = [m.component for m in models]
+        stack.stop(names)
+        stack.start(names)
+    return stack, blocks
+
+
+def compare(args: Any, input_path: Path, work: Path, wanted_tokens: int, label: str) -> list[dict[str, Any]]:
+    """Rounds of run-batch and the stack (one worker), both with a KV cache of about
+    ``wanted_tokens`` (0: the memory setting's), alternating which goes first."""
     rounds: list[dict[str, Any]] = []
+    print(f"prefix ({label}): starting the stack ...", flush=True)
+    stack, blocks = sized_stack(args, [ModelSpec(args.model_dir, SERVED_NAME)], wanted_tokens, **args.env)
     try:
-        print(f"prefix ({label}): starting the stack ...", flush=True)
-        start_stack(stack)
         client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
         poller = MongoPoller(stack)
         try:
             for r in range(args.prefix_rounds):
                 for system in ["run-batch", "batchstream"] if r % 2 == 0 else ["batchstream", "run-batch"]:
                     print(f"prefix ({label}): round {r + 1}/{args.prefix_rounds}: {system} ...", flush=True)
+                    cache = cache_tokens(stack, SERVED_COMPONENT)
                     if system == "run-batch":
                         result = run_batch_side(args, input_path, work, blocks)
                     else:
                         result = stack_once(client, poller, input_path)
-                    rounds.append(result | {"round": r + 1, "cache": label})
+                    result.setdefault("kv_cache", f"{cache:,} tokens")
+                    rounds.append(result | {"round": r + 1, "cache": label, "blocks": blocks})
         finally:
             poller.close()
     finally:
@@ -222,14 +253,13 @@ def compare(args: Any, input_path: Path, work: Path, blocks: int, label: str) ->
     return rounds
 
 
-def two_workers(args: Any, input_path: Path, blocks: int, affinity: bool) -> dict[str, Any]:
-    """The stack with two workers of the model (each its own KV cache of ``blocks``)."""
+def two_workers(args: Any, input_path: Path, wanted_tokens: int, affinity: bool) -> dict[str, Any]:
+    """The stack with two workers of the model, each its own KV cache of about ``wanted_tokens``."""
     models = [ModelSpec(args.model_dir, SERVED_NAME), ModelSpec(args.model_dir, SERVED_NAME, replica=1)]
-    env = engine_settings(args, blocks) | {"BATCHSTREAM_DISPATCH_AFFINITY": str(affinity).lower()}
-    stack = new_stack(models, inference_python=args.inference_python, **env, **args.env)
+    print(f"prefix: two workers, affinity {'on' if affinity else 'off'}: starting ...", flush=True)
+    env = {"BATCHSTREAM_DISPATCH_AFFINITY": str(affinity).lower(), **args.env}
+    stack, _ = sized_stack(args, models, wanted_tokens, **env)
     try:
-        print(f"prefix: two workers, affinity {'on' if affinity else 'off'}: starting ...", flush=True)
-        start_stack(stack)
         client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
         poller = MongoPoller(stack)
         try:
@@ -241,6 +271,9 @@ def two_workers(args: Any, input_path: Path, blocks: int, affinity: bool) -> dic
 
 
 def run(args: Any) -> dict[str, Any]:
+    if not Path(args.prefix_model_dir, "config.json").exists():
+        raise SystemExit(f"no model at {args.prefix_model_dir} (make bench prepares Gemma 3 270M)")
+    args = argparse.Namespace(**{**vars(args), "model_dir": args.prefix_model_dir})
     work = Path(tempfile.mkdtemp(prefix="batchstream-prefix-"))
     input_path = work / "in.jsonl"
     if args.input:
@@ -260,19 +293,19 @@ def run(args: Any) -> dict[str, Any]:
     os.environ.update(engine_env(args.kv_cache_gib))
     block = args.kv_block_tokens
     best = ideal(args.inference_python, args.model_dir, input_path, block)
-    smallest = -(-args.max_model_len // block) + 1  # vLLM refuses a cache that cannot hold one request
-    wanted = args.kv_cache_tokens or best["distinct_shared"] // 2
-    small = max(smallest, wanted // block)
+    # vLLM refuses a cache that cannot hold one request of max_model_len.
+    wanted = max(args.kv_cache_tokens or best["distinct_shared"] // 2, args.max_model_len + block)
     print(
         f"prefix: {len(lines)} lines, {best['prompt_tokens']:,} prompt tokens, shared prefixes "
-        f"{best['distinct_shared']:,} tokens; KV cache {small} blocks of {block} "
-        f"({small * block:,} tokens)",
+        f"{best['distinct_shared']:,} tokens; a small KV cache of about {wanted:,} tokens",
         flush=True,
     )
-    rounds = compare(args, input_path, work, small, "small")
+    rounds = compare(args, input_path, work, wanted, "small")
     if not args.kv_cache_tokens:
         rounds += compare(args, input_path, work, 0, "room")
-    pair = [two_workers(args, input_path, small, flag) for flag in (True, False)] if args.prefix_pairs else []
+    pair = (
+        [two_workers(args, input_path, wanted, flag) for flag in (True, False)] if args.prefix_pairs else []
+    )
 
     def med(cache: str, system: str, key: str) -> float:
         return median(x[key] for x in rounds if x["system"] == system and x["cache"] == cache)
@@ -280,8 +313,8 @@ def run(args: Any) -> dict[str, Any]:
     print()
     print(
         table(
-            f"Prefix order: {workload}; max_num_seqs={args.max_num_seqs}, KV cache small: {small} "
-            f"blocks of {block} tokens, room: the memory setting's ({args.kv_cache_gib} GiB)",
+            f"Prefix order: {workload}; max_num_seqs={args.max_num_seqs}; KV cache small: about "
+            f"{wanted:,} tokens, room: the memory setting's ({args.kv_cache_gib} GiB)",
             ["cache", "round", "system", "timed s", "tok/s", "hit rate", "prefill computed", "prompt tokens"],
             [
                 [
@@ -327,7 +360,7 @@ def run(args: Any) -> dict[str, Any]:
     return {
         "workload": workload,
         "ideal": best,
-        "kv_cache_blocks": {"small": small, "block_tokens": block},
+        "kv_cache": {"small_tokens_wanted": wanted, "block_tokens": block},
         "rounds": rounds,
         "two_workers": pair,
         "summary": summary,
