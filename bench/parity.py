@@ -94,7 +94,7 @@ def run_batch_once(
         "--model",
         model_dir,
         "--served-model-name",
-        SERVED_NAME,
+        getattr(args, "served_name", SERVED_NAME),
         "--dtype",
         "auto",
         "--max-num-seqs",

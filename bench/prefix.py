@@ -166,6 +166,9 @@ def stack_once(client: OpenAI, poller: MongoPoller, input_path: Path) -> dict[st
     if trace.doc.get("status") != "completed":
         raise RuntimeError(f"batch ended {trace.doc.get('status')}: {trace.doc.get('errors')}")
     timed = trace.status_at["completed"] - created_at
+    counts = trace.doc.get("request_counts") or {}
+    if counts.get("failed"):
+        raise RuntimeError(f"the batch failed {counts['failed']} of {counts.get('total')} lines")
     text = client.files.content(trace.doc["output_file_id"]).text
     lines = [json.loads(x) for x in text.splitlines() if x]
     tokens = sum(
@@ -182,6 +185,8 @@ def run_batch_side(args: Any, input_path: Path, work: Path, blocks: int) -> dict
         args.run_batch_extra += ["--num-gpu-blocks-override", str(blocks)]
     result = run_batch_once(args.inference_python, args.model_dir, input_path, work, args, {})
     result.pop("_texts", None)
+    if result["failed"]:
+        raise RuntimeError(f"run-batch failed {result['failed']} of {result['lines']} lines")
     output = max(work.glob("run-batch-*.jsonl"), key=lambda p: p.stat().st_mtime)
     lines = [json.loads(x) for x in output.read_text().splitlines() if x.strip()]
     return result | cache_figures(lines)
@@ -273,7 +278,9 @@ def two_workers(args: Any, input_path: Path, wanted_tokens: int, affinity: bool)
 def run(args: Any) -> dict[str, Any]:
     if not Path(args.prefix_model_dir, "config.json").exists():
         raise SystemExit(f"no model at {args.prefix_model_dir} (make bench prepares Gemma 3 270M)")
-    args = argparse.Namespace(**{**vars(args), "model_dir": args.prefix_model_dir})
+    args = argparse.Namespace(
+        **{**vars(args), "model_dir": args.prefix_model_dir, "served_name": SERVED_NAME}
+    )
     work = Path(tempfile.mkdtemp(prefix="batchstream-prefix-"))
     input_path = work / "in.jsonl"
     if args.input:
