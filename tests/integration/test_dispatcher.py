@@ -184,9 +184,9 @@ def leader_metric(base: str, model: str) -> float:
     return 0.0
 
 
-async def partitions_of(stack: Stack, model: str, batch_id: str) -> dict[int, set[int]]:
-    """Per line of ``batch_id``, the partitions its request messages went to (read from the
-    start, no group)."""
+async def request_messages(stack: Stack, model: str, batch_id: str) -> list[tuple[int, int]]:
+    """``(line, partition)`` of every request message of ``batch_id`` in the model's topic (read
+    from the start, no group)."""
     consumer = AIOKafkaConsumer(
         requests_topic(stack.kafka_settings(), model),
         bootstrap_servers=stack.kafka_settings().bootstrap_servers,
@@ -194,36 +194,30 @@ async def partitions_of(stack: Stack, model: str, batch_id: str) -> dict[int, se
         enable_auto_commit=False,
     )
     await consumer.start()
-    found: dict[int, set[int]] = {}
+    found: list[tuple[int, int]] = []
     try:
         while batch := await consumer.getmany(timeout_ms=1500):
             for tp, records in batch.items():
                 for record in records:
                     message = json.loads(record.value or b"{}")
                     if message.get("batch_id") == batch_id:
-                        found.setdefault(int(message["line"]), set()).add(tp.partition)
+                        found.append((int(message["line"]), tp.partition))
     finally:
         await consumer.stop()
     return found
 
 
+async def partitions_of(stack: Stack, model: str, batch_id: str) -> dict[int, set[int]]:
+    """Per line of ``batch_id``, the partitions its request messages went to."""
+    found: dict[int, set[int]] = {}
+    for line, partition in await request_messages(stack, model, batch_id):
+        found.setdefault(line, set()).add(partition)
+    return found
+
+
 async def count_requests(stack: Stack, model: str, batch_id: str) -> int:
-    """Request messages of ``batch_id`` in the model's topic (read from the start, no group)."""
-    consumer = AIOKafkaConsumer(
-        requests_topic(stack.kafka_settings(), model),
-        bootstrap_servers=stack.kafka_settings().bootstrap_servers,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    count = 0
-    try:
-        while batch := await consumer.getmany(timeout_ms=1500):
-            for records in batch.values():
-                count += sum(json.loads(r.value or b"{}").get("batch_id") == batch_id for r in records)
-    finally:
-        await consumer.stop()
-    return count
+    """Request messages of ``batch_id`` in the model's topic."""
+    return len(await request_messages(stack, model, batch_id))
 
 
 # --- tests
