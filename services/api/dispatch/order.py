@@ -56,6 +56,9 @@ KEY_BYTES = MAX_BLOCKS * DIGEST
 RUN_BYTES = 32 * 1024 * 1024
 # Before each line of the order: input byte offset, length, line number, group id (0: none), rank.
 HEADER = struct.Struct("<QIIQI")
+_KEY_TEXT = BLOCK_BYTES * MAX_BLOCKS
+_DIGESTS = [struct.Struct(f">{n}I{KEY_BYTES - n * DIGEST}x") for n in range(MAX_BLOCKS + 1)]
+_crc32 = zlib.crc32
 # What the sorts compare, packed big-endian so that the bytes compare as the values do.
 _KEYED = struct.Struct(f">{KEY_BYTES}sIQI")  # prefix key, number, start, length
 # The group's first number, the line's key up to what it shares with a neighbour, number, start,
@@ -112,23 +115,19 @@ def prompt_text(url: str, body: dict[str, Any]) -> str | None:
 
 def prefix_key(text: str) -> bytes:
     """The digests of ``text``'s prefixes up to each block (``KEY_BYTES``, zero-padded)."""
-    data = memoryview(text.encode("utf-8", "surrogatepass"))[: BLOCK_BYTES * MAX_BLOCKS]
-    digests, crc = [], 0
-    for i in range(0, len(data), BLOCK_BYTES):
-        crc = zlib.crc32(data[i : i + BLOCK_BYTES], crc)
-        digests.append(crc)
-    return struct.pack(f">{len(digests)}I", *digests).ljust(KEY_BYTES, b"\0")
+    # A character is at least one byte: the first KEY_TEXT characters hold the key's bytes.
+    data = memoryview(text[:_KEY_TEXT].encode("utf-8", "surrogatepass"))[:_KEY_TEXT]
+    crc = 0
+    digests = [crc := _crc32(data[i : i + BLOCK_BYTES], crc) for i in range(0, len(data), BLOCK_BYTES)]
+    return _DIGESTS[len(digests)].pack(*digests)
 
 
 def shared_blocks(a: bytes, b: bytes) -> int:
     """How many leading blocks two keys share (zero padding is no block)."""
-    blocks = 0
-    for i in range(0, KEY_BYTES, DIGEST):
-        digest = a[i : i + DIGEST]
-        if digest != b[i : i + DIGEST] or digest == b"\0" * DIGEST:
-            break
-        blocks += 1
-    return blocks
+    # The first differing byte, from the highest set bit of the XOR: no loop in Python.
+    equal = KEY_BYTES - ((int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).bit_length() + 7) // 8
+    filled = -(-len(a.rstrip(b"\0")) // DIGEST)
+    return min(equal // DIGEST, filled)
 
 
 # --------------------------------------------------------------------------------- external sort
