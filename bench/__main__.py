@@ -79,11 +79,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pre.add_argument(
         "--kv-block-tokens", type=int, default=128, help="tokens per KV block (vLLM's CPU default: 128)"
     )
-    pre.add_argument("--prefix-documents", type=int, default=32)
+    pre.add_argument("--prefix-documents", type=int, default=8)
     pre.add_argument("--prefix-questions", type=int, default=6)
-    pre.add_argument("--prefix-doc-words", type=int, default=150, help="words per document (~2 tokens each)")
-    pre.add_argument("--prefix-templates", type=int, default=8)
-    pre.add_argument("--prefix-inputs", type=int, default=12)
+    pre.add_argument("--prefix-doc-words", type=int, default=90, help="words per document (~3 tokens each)")
+    pre.add_argument("--prefix-templates", type=int, default=2)
+    pre.add_argument("--prefix-inputs", type=int, default=6)
+    pre.add_argument(
+        "--prefix-dtype",
+        default="float32",
+        help="both engines' dtype (a CPU without AVX512-BF16 emulates bfloat16: about half the speed)",
+    )
+    pre.add_argument(
+        "--prefix-max-model-len",
+        type=int,
+        default=0,
+        help="both engines' max_model_len (default: the longest line's prompt and output, in whole blocks)",
+    )
     pre.add_argument("--prefix-rounds", type=int, default=1)
     pre.add_argument("--prefix-pairs", type=int, default=1, help="0 skips the two-worker affinity runs")
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import resource
 import subprocess
 import tempfile
@@ -121,8 +122,9 @@ def run_batch_once(
         for line in proc.stdout:
             if READY_MARKER in line and not ready_at:
                 ready_at.append(time.time())
-            if "KV cache size:" in line and not kv_cache:
-                kv_cache.append(line.split("KV cache size:", 1)[1].split(",")[0].strip())
+            found = re.search(r"KV cache size: ([\d,]+ tokens)", line)
+            if found and not kv_cache:
+                kv_cache.append(found.group(1))
             tail.append(line.rstrip())
 
     reader = threading.Thread(target=read, daemon=True)

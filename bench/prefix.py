@@ -123,13 +123,16 @@ ideal = sum(len(s) for s in seqs) - sum((n // block) * block for n in shared)
 # Tokens of the prefixes two or more lines share, each counted once: what a cache must hold.
 distinct = sum(max(0, shared[i] - (shared[i - 1] if i else 0)) for i in range(len(shared)))
 total = sum(len(s) for s in seqs)
-print(json.dumps({"prompt_tokens": total, "ideal_computed": ideal, "distinct_shared": distinct}))
+longest = max((len(s) for s in seqs), default=0)
+figures = {"prompt_tokens": total, "ideal_computed": ideal, "distinct_shared": distinct, "longest": longest}
+print(json.dumps(figures))
 """
 
 
 def ideal(python: str, model_dir: str, input_path: Path, block: int) -> dict[str, int]:
     """Prompt tokens; the prefill tokens of each distinct prefix computed once (whole blocks);
-    the tokens of the shared prefixes (what the KV cache must hold for the ideal)."""
+    the tokens of the shared prefixes (what the KV cache must hold for the ideal); the longest
+    prompt."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = subprocess.run(
         [python, "-c", IDEAL_SCRIPT, model_dir, str(input_path), str(block)],
@@ -140,6 +143,21 @@ def ideal(python: str, model_dir: str, input_path: Path, block: int) -> dict[str
         timeout=600,
     )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def fitting_model_len(lines: list[str], longest_prompt: int, block: int, fallback: int) -> int:
+    """The smallest max_model_len (whole KV blocks) that holds every line: vLLM refuses a KV
+    cache smaller than one request of max_model_len, so this sets how small a cache can be.
+    ``fallback`` when a line leaves its output length to the engine."""
+    outputs = []
+    for raw in lines:
+        body = json.loads(raw).get("body") or {}
+        out = body.get("max_completion_tokens") or body.get("max_tokens")
+        if not isinstance(out, int):
+            return fallback
+        outputs.append(out)
+    need = longest_prompt + max(outputs, default=0) + 1
+    return -(-need // block) * block
 
 
 def cache_figures(lines: list[dict[str, Any]]) -> dict[str, float]:
@@ -180,7 +198,7 @@ def stack_once(client: OpenAI, poller: MongoPoller, input_path: Path) -> dict[st
 
 
 def run_batch_side(args: Any, input_path: Path, work: Path, blocks: int) -> dict[str, Any]:
-    args.run_batch_extra = ["--enable-prompt-tokens-details"]
+    args.run_batch_extra = ["--enable-prompt-tokens-details", "--dtype", args.prefix_dtype]
     if blocks:
         args.run_batch_extra += ["--num-gpu-blocks-override", str(blocks)]
     result = run_batch_once(args.inference_python, args.model_dir, input_path, work, args, {})
@@ -196,7 +214,7 @@ def engine_settings(args: Any, blocks: int) -> dict[str, str]:
     return {
         "BATCHSTREAM_INFERENCE_MAX_NUM_SEQS": str(args.max_num_seqs),
         "BATCHSTREAM_INFERENCE_MAX_MODEL_LEN": str(args.max_model_len),
-        "BATCHSTREAM_INFERENCE_DTYPE": "auto",
+        "BATCHSTREAM_INFERENCE_DTYPE": args.prefix_dtype,
         "BATCHSTREAM_INFERENCE_KV_CACHE_BLOCKS": str(blocks),
     }
 
@@ -300,6 +318,9 @@ def run(args: Any) -> dict[str, Any]:
     os.environ.update(engine_env(args.kv_cache_gib))
     block = args.kv_block_tokens
     best = ideal(args.inference_python, args.model_dir, input_path, block)
+    if not args.prefix_max_model_len:
+        args.prefix_max_model_len = fitting_model_len(lines, best["longest"], block, args.max_model_len)
+    args.max_model_len = args.prefix_max_model_len  # both sides' engines
     # vLLM refuses a cache that cannot hold one request of max_model_len.
     wanted = max(args.kv_cache_tokens or best["distinct_shared"] // 2, args.max_model_len + block)
     print(
@@ -320,7 +341,8 @@ def run(args: Any) -> dict[str, Any]:
     print()
     print(
         table(
-            f"Prefix order: {workload}; max_num_seqs={args.max_num_seqs}; KV cache small: about "
+            f"Prefix order: {workload}; max_num_seqs={args.max_num_seqs}, "
+            f"max_model_len={args.max_model_len}, dtype {args.prefix_dtype}; KV cache small: about "
             f"{wanted:,} tokens, room: the memory setting's ({args.kv_cache_gib} GiB)",
             ["cache", "round", "system", "timed s", "tok/s", "hit rate", "prefill computed", "prompt tokens"],
             [
