@@ -95,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="both engines' max_model_len (default: the longest line's prompt and output, in whole blocks)",
     )
+    pre.add_argument(
+        "--prefix-caches",
+        choices=["both", "small", "room"],
+        default="both",
+        help="which KV caches to run: the small one, the memory setting's (room), or both",
+    )
     pre.add_argument("--prefix-rounds", type=int, default=1)
     pre.add_argument("--prefix-pairs", type=int, default=1, help="0 skips the two-worker affinity runs")
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")

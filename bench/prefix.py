@@ -1,6 +1,6 @@
 """Prefix order: a shuffled shared-prefix file through ``vllm run-batch`` and through the stack.
 
-``python -m bench --only prefix [--input FILE] [--kv-cache-blocks N]``. Without ``--input`` it
+``python -m bench --only prefix [--input FILE] [--kv-cache-tokens N]``. Without ``--input`` it
 makes two shared-prefix workloads, shuffled: documents x questions, and few-shot templates x
 inputs. With ``--input`` it takes any chat-completions JSONL file as given (``body.model``
 replaced by the benchmark's model). Both sides run the same model with the same engine settings
@@ -9,7 +9,10 @@ rounds alternate which goes first.
 
 Figures per side: output tokens/s (timed as in ``parity.py``), the prefix-cache hit rate
 (``cached_tokens`` over prompt tokens, summed over the output file's ``usage``) and the prefill
-tokens computed (prompt tokens minus cached). The ideal is each distinct prefix computed once:
+tokens computed (prompt tokens minus cached). A third side, ``run-batch grouped``, is run-batch
+on the same lines sorted by their messages (lines sharing a prefix adjacent, as a user could sort
+a file by hand): what the order alone is worth to the engine, the yardstick of the stack's ratio.
+The ideal is each distinct prefix computed once:
 the prompts' token ids (the model's own tokenizer and chat template) in a trie, counted in whole
 KV blocks as vLLM caches them. The last line is ``prefix: X.XXx run-batch``.
 """
@@ -35,6 +38,8 @@ from deploy.local import ModelSpec, Stack
 
 SERVED_NAME = "prefix-model"
 SERVED_COMPONENT = ModelSpec("", SERVED_NAME).component
+# run-batch on the same lines sorted by their messages: what the order alone gives the engine.
+GROUPED = "run-batch grouped"
 # The first start's KV cache in blocks, from which the model's tokens per block are measured.
 PROBE_BLOCKS = 400
 WORDS = "river stone lamp market clock storm bread field letter window garden tower".split()
@@ -197,6 +202,16 @@ def stack_once(client: OpenAI, poller: MongoPoller, input_path: Path) -> dict[st
     return figures | {"tokens_per_s": tokens / timed} | cache_figures(lines)
 
 
+def grouped(input_path: Path, work: Path) -> Path:
+    """The same lines sorted by their messages, so lines that share a prefix are adjacent: the
+    order a user could give run-batch by hand (the yardstick of what order alone is worth)."""
+    lines = [x for x in input_path.read_text().splitlines() if x.strip()]
+    lines.sort(key=lambda x: json.dumps(json.loads(x).get("body", {}).get("messages")))
+    out = work / "in-grouped.jsonl"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
 def run_batch_side(args: Any, input_path: Path, work: Path, blocks: int) -> dict[str, Any]:
     args.run_batch_extra = ["--enable-prompt-tokens-details", "--dtype", args.prefix_dtype]
     if blocks:
@@ -259,12 +274,16 @@ def compare(args: Any, input_path: Path, work: Path, wanted_tokens: int, label: 
         client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
         poller = MongoPoller(stack)
         try:
+            systems = ["run-batch", "batchstream", GROUPED]
             for r in range(args.prefix_rounds):
-                for system in ["run-batch", "batchstream"] if r % 2 == 0 else ["batchstream", "run-batch"]:
+                for system in systems if r % 2 == 0 else systems[::-1]:
                     print(f"prefix ({label}): round {r + 1}/{args.prefix_rounds}: {system} ...", flush=True)
                     cache = cache_tokens(stack, SERVED_COMPONENT)
                     if system == "run-batch":
                         result = run_batch_side(args, input_path, work, blocks)
+                    elif system == GROUPED:
+                        result = run_batch_side(args, grouped(input_path, work), work, blocks)
+                        result["system"] = GROUPED
                     else:
                         if any(x["system"] == "batchstream" for x in rounds):
                             # A cold cache, as run-batch starts with: the worker would still hold
@@ -333,8 +352,8 @@ def run(args: Any) -> dict[str, Any]:
         f"{best['distinct_shared']:,} tokens; a small KV cache of about {wanted:,} tokens",
         flush=True,
     )
-    rounds = compare(args, input_path, work, wanted, "small")
-    if not args.kv_cache_tokens:
+    rounds = compare(args, input_path, work, wanted, "small") if args.prefix_caches != "room" else []
+    if not args.kv_cache_tokens and args.prefix_caches != "small":
         rounds += compare(args, input_path, work, 0, "room")
     pair = (
         [two_workers(args, input_path, wanted, flag) for flag in (True, False)] if args.prefix_pairs else []
@@ -373,6 +392,9 @@ def run(args: Any) -> dict[str, Any]:
             "ratio": ratio,
             "run_batch_computed_over_ideal": med(cache, "run-batch", "computed") / ideal_computed,
             "batchstream_computed_over_ideal": med(cache, "batchstream", "computed") / ideal_computed,
+            "grouped_computed_over_ideal": med(cache, GROUPED, "computed") / ideal_computed,
+            "grouped_over_run_batch": med(cache, GROUPED, "tokens_per_s")
+            / med(cache, "run-batch", "tokens_per_s"),
             "run_batch_hit_rate": med(cache, "run-batch", "hit_rate"),
             "batchstream_hit_rate": med(cache, "batchstream", "hit_rate"),
         }
@@ -382,7 +404,9 @@ def run(args: Any) -> dict[str, Any]:
             f"{s['run_batch_hit_rate']:.1%} run-batch, {s['batchstream_hit_rate']:.1%} batchstream; "
             f"prefill computed / ideal ({best['ideal_computed']:,} tokens): "
             f"{s['run_batch_computed_over_ideal']:.2f}x run-batch, "
-            f"{s['batchstream_computed_over_ideal']:.2f}x batchstream; vLLM's cache: "
+            f"{s['batchstream_computed_over_ideal']:.2f}x batchstream, "
+            f"{s['grouped_computed_over_ideal']:.2f}x run-batch grouped; run-batch on the file "
+            f"sorted by hand: {s['grouped_over_run_batch']:.2f}x run-batch; vLLM's cache: "
             f"{next((x['kv_cache'] for x in rounds if x['cache'] == cache and x.get('kv_cache')), '?')}"
         )
     for x in pair:
@@ -390,7 +414,7 @@ def run(args: Any) -> dict[str, Any]:
             f"two workers, affinity {'on ' if x['affinity'] else 'off'}: hit rate {x['hit_rate']:.1%}, "
             f"prefill computed {x['computed']:,}, {x['tokens_per_s']:.1f} tok/s"
         )
-    print(f"prefix: {summary['small']['ratio']:.2f}x run-batch")
+    print(f"prefix: {summary['small' if 'small' in summary else 'room']['ratio']:.2f}x run-batch")
     return {
         "workload": workload,
         "ideal": best,
