@@ -79,7 +79,8 @@ def env_name(cls: type[BaseSettings], field: str) -> str:
 def type_name(annotation: Any) -> str:
     if inspect.isclass(annotation):
         return annotation.__name__
-    return str(annotation).replace("typing.", "")
+    # "int | None" would split a table cell at its pipe.
+    return str(annotation).replace("typing.", "").replace(" | None", ", optional")
 
 
 def default_text(value: Any) -> str:

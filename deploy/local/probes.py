@@ -1,4 +1,5 @@
-"""Readiness probes (TCP, HTTP health, a signed S3 request) and the one polling loop (tenacity)."""
+"""Readiness probes (TCP, HTTP health, a signed S3 request), the one polling loop (tenacity), and
+one value read from a Prometheus ``/metrics`` page."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from prometheus_client.parser import text_string_to_metric_families
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from shared.settings import StorageSettings
@@ -118,4 +120,20 @@ def _s3_client(endpoint: str, storage: StorageSettings) -> Any:
         secure=False,
         region=storage.region,
         http_client=http,
+    )
+
+
+def metrics_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def metric_value(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples named ``name`` on the ``/metrics`` page at ``url`` whose labels
+    include ``labels`` (0 when there is none)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text(url))
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
     )

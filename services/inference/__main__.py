@@ -16,7 +16,7 @@ import sys
 
 from services.inference.consumer import FatalConsumerError, RequestConsumer
 from services.inference.control import BatchControl, ControlFollower
-from services.inference.engine import Engine
+from services.inference.engine import Engine, ReportsReadiness
 from services.inference.engines import open_engine
 from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
@@ -48,12 +48,14 @@ class Worker:
 
     def _checks(self) -> dict[str, bool]:
         """What ``/readyz`` requires: the engine started, the consumer running, its group joined
-        (Kafka answered the join; a member without partitions is still ready to take some)."""
-        consumer = self.consumer
+        (Kafka answered the join; a member without partitions is still ready to take some), and
+        the engine's own checks (the remote engine: its server answers)."""
+        consumer, engine = self.consumer, self.engine
         return {
-            "engine": self.engine is not None,
+            "engine": engine is not None,
             "consumer": consumer is not None and consumer.running,
             "group_joined": consumer is not None and consumer.joined,
+            **(engine.checks() if isinstance(engine, ReportsReadiness) else {}),
         }
 
     def request_stop(self, main: asyncio.Task[None]) -> None:

@@ -118,6 +118,14 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsReadiness(Protocol):
+    """An engine with readiness checks of its own (the remote engine: its server answers); the
+    worker's ``/readyz`` adds them to its own."""
+
+    def checks(self) -> dict[str, bool]: ...
+
+
 def error_body(
     message: str,
     status: int = HTTPStatus.BAD_REQUEST,

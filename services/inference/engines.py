@@ -1,7 +1,8 @@
-"""Build the engine ``InferenceSettings.engine`` names: ``vllm`` (the default) or ``fake``.
+"""Build the engine ``InferenceSettings.engine`` names: ``vllm`` (the default), ``remote`` or
+``fake``.
 
-The only module that knows every engine. The vLLM engine is imported here, lazily, so tests and
-the pipeline benchmark run the fake engine without vLLM installed.
+The only module that knows every engine. Each is imported here, lazily: the vLLM engine imports
+vLLM, which the remote engine, the tests and the pipeline benchmark's fake engine do without.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ async def open_engine(settings: InferenceSettings) -> AsyncIterator[Engine]:
             max_context_length=settings.max_model_len,
             seconds_per_token=settings.fake_seconds_per_token,
         )
+        return
+    if settings.engine == "remote":
+        from services.inference.remote_engine import RemoteEngine
+
+        async with RemoteEngine(settings) as remote:
+            yield remote
         return
     from services.inference.vllm_engine import VllmEngine
 

@@ -94,3 +94,17 @@ class LineCounts:
 
 
 LINES = LineCounts()
+ADMISSION_LIMIT = Gauge(
+    "batchstream_inference_admission_limit",
+    "The remote engine: lines the worker may have on its server now (adapted to the server's load).",
+)
+SERVER_WAITING = Gauge(
+    "batchstream_inference_server_waiting",
+    "The remote engine: requests waiting in the server's queue at the last reading (anyone's).",
+)
+SERVER_REFUSALS = Counter(
+    "batchstream_inference_server_refusals_total",
+    "The remote engine: lines the server refused for load (429, or 503 with Retry-After), or "
+    "could not take (unreachable); each is sent again once the server has room.",
+    ["reason"],
+)

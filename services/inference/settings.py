@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.settings import WORKER_COMMIT_INTERVAL_S
 
 # The engines ``engines.open_engine`` builds.
-EngineName = Literal["vllm", "fake"]
+EngineName = Literal["vllm", "remote", "fake"]
 
 # The worker's default window: lines it holds per engine place (see ``max_in_flight``).
 IN_FLIGHT_PER_PLACE = 16
@@ -27,12 +27,50 @@ class InferenceSettings(BaseSettings):
         env_prefix="BATCHSTREAM_INFERENCE_", frozen=True, extra="ignore", use_attribute_docstrings=True
     )
     engine: EngineName = "vllm"
-    """``vllm``, or ``fake``: instant answers without a model, for tests and the pipeline
-    benchmark."""
+    """``vllm`` (the model in this process), ``remote`` (each line sent to an OpenAI-compatible
+    server at ``remote_url``; no model here), or ``fake``: instant answers without a model, for
+    tests and the pipeline benchmark."""
     fake_seconds_per_token: float = Field(default=0.0, ge=0)
     """The ``fake`` engine's pace: each request takes this many seconds per ``max_tokens`` (1
     when the body has none); 0: instant. Tests use it to keep a batch running for a while."""
     model: str = Field(default="", description="Path or name of the model vLLM loads.")
+    remote_url: str = ""
+    """The ``remote`` engine's server: its root or OpenAI base URL (``http://vllm:8000`` or
+    ``http://vllm:8000/v1``)."""
+    remote_api_key: str = ""
+    """The ``remote`` engine's key for its server (sent as ``Authorization: Bearer``); empty:
+    none."""
+    remote_model: str = ""
+    """The model's name on the server (the body's ``model`` sent to it); default: ``model_id``.
+    Answers are passed on as the server gives them, model name included."""
+    remote_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest wait for one byte of a server's answer (a line's whole answer for a server that
+    does not stream it); then the line's try fails as a 503 and is retried."""
+    remote_connect_timeout_s: float = Field(default=5.0, gt=0)
+    """Longest wait to connect to the server."""
+    remote_start_timeout_s: float = Field(default=300.0, ge=0)
+    """How long the worker waits at start for its server to answer ``/v1/models``."""
+    remote_admission: bool = True
+    """Adapt the lines on the server to its load (``admission.py``): keep its waiting queue near
+    empty so live requests do not wait behind batch lines. Off: always ``max_num_seqs`` lines
+    on it."""
+    remote_load_interval_s: float = Field(default=0.5, gt=0)
+    """How often the worker reads the server's queue from its ``/metrics`` (vLLM's
+    ``vllm:num_requests_waiting``, SGLang's ``sglang:num_queue_reqs``). A server without either
+    is read by latency instead (``remote_latency_tolerance``)."""
+    remote_waiting_target: int = Field(default=0, ge=0)
+    """Requests (anyone's) that may wait in the server's queue before the worker takes lines
+    back: 0 keeps it empty, so a live request starts at the next step."""
+    remote_latency_tolerance: float = Field(default=2.0, gt=1)
+    """For a server without a queue reading: an answer's seconds per output token this many
+    times the best seen lately means the server is saturated, and the worker takes lines back."""
+    remote_min_lines: int = Field(default=1, ge=1)
+    """Lines the worker keeps on the server however loaded it is (the batch always moves)."""
+    remote_priority: int | None = None
+    """The ``priority`` sent with every line, plus the worker's own order (vLLM's
+    ``--scheduling-policy priority``: lower runs first; a live request has 0, so e.g. 100 lets
+    live traffic overtake batch lines). Unset: no ``priority`` field (a server scheduling
+    first-come-first-served refuses one)."""
     served_model_name: str = ""
     """The model id clients name in ``body.model``; names the topic ``requests.<id>``. Default:
     the model."""
@@ -158,7 +196,12 @@ class InferenceSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _model_named(self) -> InferenceSettings:
-        if not self.model and self.engine != "fake":
+        if self.engine == "remote":
+            if not self.remote_url:
+                raise ValueError("the remote engine needs BATCHSTREAM_INFERENCE_REMOTE_URL (its server)")
+            if not self.model_id:
+                raise ValueError("set BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME to the model's name")
+        elif not self.model and self.engine != "fake":
             raise ValueError("set BATCHSTREAM_INFERENCE_MODEL to the model folder or name")
         return self
 

@@ -22,6 +22,7 @@ from pymongo import MongoClient
 from deploy.local import Stack
 from tests.support import stacks
 from tests.support.stacks import OwnStack, session_model
+from tests.support.vllm_server import VllmServer, vllm_serve
 
 UNSERVED_MODEL = "unserved-model"
 
@@ -77,3 +78,11 @@ def own_stack(stand_ins: Stack, tmp_path_factory: pytest.TempPathFactory) -> Own
         return stacks.own_stack(stand_ins, tmp_path_factory.mktemp(f"{name}-stack"), name, services, **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    """A real ``vllm serve`` of the tiny model, for the remote engine (started at first use, once
+    per session; a test that kills it starts it again)."""
+    with vllm_serve("served-model") as server:
+        yield server

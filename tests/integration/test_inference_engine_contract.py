@@ -1,11 +1,15 @@
-"""Both engines against the one engine contract (``tests/unit/inference/engine_contract.py``).
+"""Every engine against the one engine contract (``tests/unit/inference/engine_contract.py``).
 
 The fake engine runs the checks in this process. The vLLM engine (the tiny model) runs them in
 the inference environment, started once for the module; each check is still its own test here.
+The remote engine runs them in this process against the session's real ``vllm serve`` of the tiny
+model.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -15,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from services.inference.fake_engine import FakeEngine
-from tests.unit.inference.engine_contract import CHECKS
+from services.inference.remote_engine import RemoteEngine
+from services.inference.settings import InferenceSettings
+from tests.support.vllm_server import VllmServer
+from tests.unit.inference.engine_contract import CHECKS, run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,12 +51,31 @@ def vllm_outcomes() -> dict[str, str]:
     return outcomes
 
 
+@pytest.fixture(scope="module")
+def remote_outcomes(vllm_server: VllmServer) -> dict[str, str]:
+    """Every check's outcome on the remote engine against the module's server."""
+
+    async def run() -> dict[str, str]:
+        settings = InferenceSettings(
+            engine="remote",
+            remote_url=vllm_server.url + "/v1",
+            served_model_name=vllm_server.served_name,
+            max_num_seqs=8,
+        )
+        async with RemoteEngine(settings) as engine:
+            return await run_checks(engine)
+
+    # Its own loop in a thread: the fixture is first asked for from inside a test's running loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
+
+
 @pytest.mark.parametrize("name", list(CHECKS))
-@pytest.mark.parametrize("engine", ["fake", "vllm"])
+@pytest.mark.parametrize("engine", ["fake", "vllm", "remote"])
 async def test_engine_keeps_the_contract(engine: str, name: str, request: pytest.FixtureRequest) -> None:
     if engine == "fake":
         # Slow enough per token that the contract's long request runs until it is stopped.
         await CHECKS[name](FakeEngine(seconds_per_token=0.02))
         return
-    outcome = request.getfixturevalue("vllm_outcomes")[name]
+    outcome = request.getfixturevalue(f"{engine}_outcomes")[name]
     assert outcome == "ok", outcome
