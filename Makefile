@@ -101,8 +101,12 @@ $(MODELS)/minilm/$(MARKER): | $(VENV_INF)/.editable-installed
 # `make up UP_EMBED_MODEL=` serves the chat model alone.
 UP_EMBED_MODEL ?= $(MODELS)/minilm
 UP_EMBED_MODEL_NAME ?= all-MiniLM-L6-v2
+# `make up UP_REMOTE='NAME=URL ...'` also serves each model NAME through the OpenAI-compatible
+# server at URL (a worker with no model of its own; docs/operations.md).
+UP_REMOTE ?=
 UP_MODELS := --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
-	$(if $(UP_EMBED_MODEL),--model $(UP_EMBED_MODEL)=$(UP_EMBED_MODEL_NAME):pooling)
+	$(if $(UP_EMBED_MODEL),--model $(UP_EMBED_MODEL)=$(UP_EMBED_MODEL_NAME):pooling) \
+	$(foreach r,$(UP_REMOTE),--remote '$(r)')
 
 up: venvs $(UP_MODEL_DIR)/$(MARKER) $(if $(UP_EMBED_MODEL),$(UP_EMBED_MODEL)/$(MARKER))
 	$(PY) -m deploy.local up $(UP_MODELS) --inference-python $(PY_INF)

