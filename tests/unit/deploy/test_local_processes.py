@@ -130,3 +130,19 @@ def test_model_specs_parse_as_make_up_writes_them() -> None:
     assert spec == ModelSpec(".cache/models/minilm", "all-MiniLM-L6-v2", runner="pooling")
     assert spec.component == "inference-all-MiniLM-L6-v2"
     assert ModelSpec.parse(".cache/models/tiny-llama").served_name == "tiny-llama"
+
+
+def test_remote_model_specs_name_a_server_and_refuse_anything_else() -> None:
+    spec = ModelSpec.parse_remote("llama-8b=http://10.0.0.5:8000/v1")
+    assert (spec.served_name, spec.remote_url, spec.engine, spec.runner) == (
+        "llama-8b",
+        "http://10.0.0.5:8000/v1",
+        "remote",
+        "generate",
+    )
+    assert spec.component == "inference-llama-8b"
+    embed = ModelSpec.parse_remote("e5=http://embed:8000:pooling")
+    assert (embed.remote_url, embed.runner) == ("http://embed:8000", "pooling")
+    for bad in ("llama-8b", "=http://h:1", "llama-8b=h:8000", "llama-8b=ftp://h"):
+        with pytest.raises(ValueError, match="NAME=URL"):
+            ModelSpec.parse_remote(bad)
