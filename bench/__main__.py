@@ -1,5 +1,6 @@
-"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix] [options]`` (``make bench``), or
-``python -m bench --only versus --against REV`` (this tree against an older commit).
+"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix|shared] [options]``
+(``make bench``), or ``python -m bench --only versus --against REV`` (this tree against an older
+commit).
 
 Prints tables and writes bench/results/bench-<time>.json and bench/results/latest.json.
 """
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import parity, pipeline, prefix, versus
+from bench import parity, pipeline, prefix, shared, versus
 from bench.common import default_path, machine
 from deploy.local import REPO_ROOT
 
@@ -26,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--only",
-        choices=["parity", "pipeline", "prefix", "versus"],
+        choices=["parity", "pipeline", "prefix", "shared", "versus"],
         help="run one benchmark (versus: only so)",
     )
     parser.add_argument(
@@ -103,6 +104,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     pre.add_argument("--prefix-rounds", type=int, default=1)
     pre.add_argument("--prefix-pairs", type=int, default=1, help="0 skips the two-worker affinity runs")
+    sha = parser.add_argument_group("shared server (a batch beside live traffic on one vllm serve)")
+    sha.add_argument(
+        "--shared-model-dir",
+        default=default_path("BATCHSTREAM_BENCH_SHARED_MODEL_DIR", ".cache/models/gemma-3-270m"),
+        help="the server's model (Gemma 3 270M: a step costs what it does on a real model)",
+    )
+    sha.add_argument("--shared-dtype", default="float32", help="the server's dtype (see --prefix-dtype)")
+    sha.add_argument("--shared-max-num-seqs", type=int, default=16, help="sequences the server runs at once")
+    sha.add_argument("--shared-max-model-len", type=int, default=512)
+    sha.add_argument("--shared-max-tokens", type=int, default=64, help="output tokens of each batch line")
+    sha.add_argument("--live-max-tokens", type=int, default=16, help="output tokens of each live request")
+    sha.add_argument(
+        "--live-share",
+        type=float,
+        default=0.5,
+        help="the live rate, as a share of the live requests/s sustained",
+    )
+    sha.add_argument("--shared-seconds", type=float, default=30.0, help="each measuring window")
+    sha.add_argument("--shared-batch-lines", type=int, default=0, help="default: enough to outlast a window")
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
     pipe.add_argument("--lines", type=int, default=50_000)
     pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
@@ -170,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         _save(report, path)
     if args.only in (None, "prefix"):
         report["prefix"] = prefix.run(args)
+        _save(report, path)
+    if args.only in (None, "shared"):
+        report["shared"] = shared.run(args)
     report["duration_s"] = time.monotonic() - started
     _save(report, path)
     print(f"\nresults: {path} ({report['duration_s']:.0f} s in all)")
