@@ -153,8 +153,10 @@ def test_admission_fills_the_server_and_keeps_its_queue_near_empty(
 
 def test_a_cancel_aborts_the_lines_running_on_the_server(client: OpenAI, vllm_server: VllmServer) -> None:
     """The server's counters are the witness: vLLM does not count a request whose client went
-    away as finished, so the lines that ran to their end and the tokens generated tell."""
-    lines, tokens = 16, 1500
+    away as finished, so the lines that ran to their end and the tokens generated tell. A line
+    of 12,000 tokens runs for minutes here, so whatever the cancel's way through the stack takes,
+    it finds the lines mid-way, and the server empties long before they could end."""
+    lines, tokens = 16, 12_000
 
     def ended() -> float:
         return server_metric(vllm_server, "vllm:request_success_total", finished_reason="length")
@@ -173,7 +175,7 @@ def test_a_cancel_aborts_the_lines_running_on_the_server(client: OpenAI, vllm_se
     )
     done = wait_terminal(client, batch.id, 120)
     assert done.status == "cancelled"
-    # The lines on the server stopped mid-way: none ran to its 1,500th token, and the server
+    # The lines on the server stopped mid-way: none ran to its 12,000th token, and the server
     # generated a small part of what the batch asked for.
     assert ended() == ended_before
     assert generated() - generated_before < lines * tokens / 4

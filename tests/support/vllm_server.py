@@ -14,10 +14,11 @@ import pytest
 from deploy.local import StackError
 from deploy.local.vllm_serve import VllmServer
 
-# The server runs this many sequences at once (its --max-num-seqs).
+# The server runs this many sequences at once (its --max-num-seqs), each up to this many tokens.
 SERVER_MAX_NUM_SEQS = 8
+SERVER_MAX_MODEL_LEN = 16_384
 
-__all__ = ["SERVER_MAX_NUM_SEQS", "VllmServer", "vllm_serve"]
+__all__ = ["SERVER_MAX_MODEL_LEN", "SERVER_MAX_NUM_SEQS", "VllmServer", "vllm_serve"]
 
 
 @contextmanager
@@ -28,7 +29,17 @@ def vllm_serve(served_name: str) -> Iterator[VllmServer]:
     model_dir = os.environ.get("BATCHSTREAM_TEST_MODEL_DIR", "")
     if not python or not model_dir:
         pytest.skip("vllm serve needs BATCHSTREAM_TEST_INFERENCE_PYTHON and BATCHSTREAM_TEST_MODEL_DIR")
-    server = VllmServer(python, model_dir, served_name, max_num_seqs=SERVER_MAX_NUM_SEQS)
+    # A context far beyond the tiny model's 2,048 positions (its weights are random; vLLM allows
+    # it when told to): a line can run long enough that a cancel plainly stops it mid-way.
+    server = VllmServer(
+        python,
+        model_dir,
+        served_name,
+        "--max-model-len",
+        str(SERVER_MAX_MODEL_LEN),
+        max_num_seqs=SERVER_MAX_NUM_SEQS,
+        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+    )
     try:
         try:
             server.start()
