@@ -42,7 +42,7 @@ from openai import OpenAI
 
 from bench.common import MongoPoller, median, new_stack, percentile, start_stack, table
 from deploy.local import ModelSpec
-from deploy.local.probes import metric_value
+from deploy.local.probes import metric_value, poll_until
 from deploy.local.vllm_serve import VllmServer
 
 SERVED_NAME = "shared-model"
@@ -145,11 +145,8 @@ async def live_client(server: VllmServer, rate: float, seconds: float, max_token
 
 
 def wait_for(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} after {timeout_s:.0f} s")
-        time.sleep(0.1)
+    if not poll_until(check, timeout_s, interval_s=0.1):
+        raise TimeoutError(f"no {what} after {timeout_s:.0f} s")
 
 
 def during_batch(

@@ -47,6 +47,7 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    GENERATE_ENDPOINTS,
     RESPONSES,
     Answer,
     EngineUnavailable,
@@ -61,7 +62,6 @@ from shared.protocol.messages import TokenUsage
 log = logging.getLogger(__name__)
 
 # What a remote model serves, by the worker's ``runner`` setting.
-GENERATE = (CHAT, COMPLETIONS, RESPONSES)
 POOLING = (EMBEDDINGS,)
 # The servers' gauges of requests waiting in their queue (vLLM's, SGLang's).
 WAITING_GAUGES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
@@ -93,7 +93,7 @@ class RemoteEngine:
         self.model_id = settings.model_id
         self.remote_model = settings.remote_model or settings.model_id
         self.max_context_length = settings.max_model_len
-        self.endpoints: tuple[str, ...] = POOLING if settings.runner == "pooling" else GENERATE
+        self.endpoints: tuple[str, ...] = POOLING if settings.runner == "pooling" else GENERATE_ENDPOINTS
         self.max_running = settings.max_num_seqs
         self._runs = RunRegistry()
         headers = {"Authorization": f"Bearer {settings.remote_api_key}"} if settings.remote_api_key else {}
