@@ -21,9 +21,12 @@ Batch internal fields:
   back: the aggregator then ends it without waiting for its cancel timeout.
 - ``seen_lines``: the aggregator's seen-lines bitmap (zlib-compressed bytes, bit ``n - 1`` for
   line ``n``), written with its batched counts flush; the dispatcher reads it to find lost lines.
+- ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
+  of them (the console's plot of lines over time; pushed on the flush's own write).
 
-Model documents (``models`` collection), upserted by inference workers as a heartbeat:
-``{_id: model_id, created: int, max_context_length: int, endpoints: [str], last_seen: float}``.
+Model documents (``models`` collection), upserted by inference workers as a heartbeat
+(``shared/stores/models.py``): ``{_id: model_id, created: int, max_context_length: int,
+endpoints: [str], last_seen: float, workers: [{id: "host:pid", last_seen: float}]}``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.protocol.messages import SamplingDefaults
 from shared.protocol.openai import Batch, BatchBase, FileBase, FileObject
+
+PROGRESS_SAMPLES = 600
+"""How many progress samples a batch document keeps (the newest)."""
 
 
 def sort_key() -> int:

@@ -18,11 +18,14 @@ from services.api.dispatch.settings import DispatchSettings
 from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
 from services.api.local_copies import LocalCopies, LocalFirstStore
 from services.api.openapi import install_openapi
-from services.api.routes import batches, files, health, models, partial
+from services.api.routes import batches, files, health, models, partial, views
+from services.api.routes.console import install_console
 from services.api.service.announcer import ControlAnnouncer
 from services.api.service.batches import BatchService
+from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
 from services.api.service.keys import KeyRing
+from services.api.service.overview import OverviewService
 from services.api.service.partial import PartialOutputService
 from shared.kafka import make_producer, wait_for_kafka
 from shared.logging import configure_logging
@@ -87,6 +90,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
         app.state.models = model_store
         app.state.partial = PartialOutputService(batch_store, file_store, store)
+        app.state.error_lines = ErrorLinesService(app.state.partial)
+        app.state.overview = OverviewService(batch_store, model_store)
         app.state.files, app.state.batches = file_service, batch_service
         app.state.keys = KeyRing(mongo, api_settings.project_by_key())
         dispatcher = Dispatcher(
@@ -139,6 +144,7 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.middleware("http")(_observe)
-    for module in (files, batches, partial, models, health):
+    for module in (files, batches, partial, views, models, health):
         app.include_router(module.router)
+    install_console(app)
     return app

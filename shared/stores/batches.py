@@ -11,7 +11,7 @@ succeeds, so every way a batch ends records its event in this one place.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from pymongo import DESCENDING, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
 from shared import lifecycle
-from shared.documents import BatchDocument
+from shared.documents import PROGRESS_SAMPLES, BatchDocument
 from shared.lifecycle import BatchStatus
 from shared.protocol.openai import BatchError, BatchErrors
 from shared.seen_lines import SeenLines
@@ -130,7 +130,7 @@ class BatchStore:
         query: Document = {"_id": batch_id}
         if project is not None:
             query["project"] = project
-        doc = await self._batches.find_one(query)
+        doc = await self._batches.find_one(query, {"progress": 0})
         return BatchDocument.model_validate(doc) if doc is not None else None
 
     async def exists(self, batch_id: str) -> bool:
@@ -149,12 +149,22 @@ class BatchStore:
             expires_at=doc.get("expires_at"),
         )
 
-    async def page(self, project: str, before_sort_key: int | None, limit: int) -> list[BatchDocument]:
-        """Up to ``limit`` of the project's batches, newest first, older than the anchor if given."""
+    async def page(
+        self,
+        project: str,
+        before_sort_key: int | None,
+        limit: int,
+        statuses: Collection[str] | None = None,
+    ) -> list[BatchDocument]:
+        """Up to ``limit`` of the project's batches, newest first, older than the anchor if given,
+        in one of ``statuses`` if given."""
         query: Document = {"project": project}
+        if statuses:
+            query["status"] = {"$in": sorted(statuses)}
         if before_sort_key is not None:
             query["sort_key"] = {"$lt": before_sort_key}
-        cursor = self._batches.find(query).sort([("sort_key", DESCENDING), ("_id", DESCENDING)])
+        cursor = self._batches.find(query, {"progress": 0, "seen_lines": 0})
+        cursor = cursor.sort([("sort_key", DESCENDING), ("_id", DESCENDING)])
         return [BatchDocument.model_validate(d) for d in await cursor.limit(limit).to_list()]
 
     async def unfinished_work(self) -> list[BatchDocument]:
@@ -306,6 +316,7 @@ class BatchStore:
         if not counts:
             return 0
         guard = sorted(lifecycle.COUNTING)
+        now = round(time.time(), 3)
         updates = [
             UpdateOne(
                 {"_id": batch_id, "status": {"$in": guard}},
@@ -315,7 +326,11 @@ class BatchStore:
                         "request_counts.failed": c.failed,
                         "usage": dict(c.usage),
                         **({"seen_lines": c.seen_lines} if c.seen_lines is not None else {}),
-                    }
+                    },
+                    # A bounded history for the progress plot, on the same write.
+                    "$push": {
+                        "progress": {"$each": [[now, c.completed, c.failed]], "$slice": -PROGRESS_SAMPLES}
+                    },
                 },
             )
             for batch_id, c in counts.items()
@@ -329,6 +344,69 @@ class BatchStore:
             {"_id": batch_id, "status": "in_progress"},
             {
                 "$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0},
-                "$unset": {"seen_lines": ""},
+                "$unset": {"seen_lines": "", "progress": ""},
             },
+        )
+
+    # ---------------------------------------------------------------- views (the console's)
+
+    async def progress(self, batch_id: str, project: str) -> tuple[int, list[list[float]]] | None:
+        """The batch's total and its progress samples ``[at, completed, failed]``, oldest first."""
+        doc = await self._batches.find_one(
+            {"_id": batch_id, "project": project}, {"request_counts.total": 1, "progress": 1}
+        )
+        if doc is None:
+            return None
+        return int((doc.get("request_counts") or {}).get("total") or 0), list(doc.get("progress") or [])
+
+    async def running_by_model(self, project: str) -> dict[str, tuple[int, int]]:
+        """For each model: the project's open batches and their lines still without a result."""
+        pipeline: list[Document] = [
+            {"$match": {"project": project, "status": {"$in": sorted(lifecycle.OPEN)}}},
+            {
+                "$group": {
+                    "_id": "$model",
+                    "batches": {"$sum": 1},
+                    "queued": {
+                        "$sum": {
+                            "$subtract": [
+                                {"$ifNull": ["$request_counts.total", 0]},
+                                {
+                                    "$add": [
+                                        {"$ifNull": ["$request_counts.completed", 0]},
+                                        {"$ifNull": ["$request_counts.failed", 0]},
+                                    ]
+                                },
+                            ]
+                        }
+                    },
+                }
+            },
+        ]
+        rows = await (await self._batches.aggregate(pipeline)).to_list()
+        return {str(r["_id"]): (int(r["batches"]), max(0, int(r["queued"]))) for r in rows if r["_id"]}
+
+    async def usage_by_day(self, project: str, since: int) -> list[Document]:
+        """The project's batches created since ``since`` (unix s), summed per model and UTC day:
+        ``{day (unix s at 00:00), model, batches, completed, failed, input, cached, output, total}``."""
+        day = {"$subtract": ["$created_at", {"$mod": ["$created_at", 86_400]}]}
+        pipeline: list[Document] = [
+            {"$match": {"project": project, "created_at": {"$gte": since}}},
+            {
+                "$group": {
+                    "_id": {"day": day, "model": {"$ifNull": ["$model", ""]}},
+                    "batches": {"$sum": 1},
+                    "completed": {"$sum": {"$ifNull": ["$request_counts.completed", 0]}},
+                    "failed": {"$sum": {"$ifNull": ["$request_counts.failed", 0]}},
+                    "input": {"$sum": {"$ifNull": ["$usage.input_tokens", 0]}},
+                    "cached": {"$sum": {"$ifNull": ["$usage.input_tokens_details.cached_tokens", 0]}},
+                    "output": {"$sum": {"$ifNull": ["$usage.output_tokens", 0]}},
+                    "total": {"$sum": {"$ifNull": ["$usage.total_tokens", 0]}},
+                }
+            },
+        ]
+        rows = await (await self._batches.aggregate(pipeline)).to_list()
+        return sorted(
+            ({**r, "day": int(r["_id"]["day"]), "model": str(r["_id"]["model"])} for r in rows),
+            key=lambda r: (-r["day"], r["model"]),
         )

@@ -1,15 +1,25 @@
-"""The ``models`` collection as the api reads it (inference workers upsert it as a heartbeat,
-``services/inference/heartbeat.py``; document shape in ``shared/documents.py``)."""
+"""The ``models`` collection: inference workers upsert it as a heartbeat (:meth:`ModelStore.beat`,
+called by ``services/inference/heartbeat.py``), the api reads it (document shape in
+``shared/documents.py``)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
+from shared.protocol.extensions import WorkerStatus
 from shared.protocol.openai import ModelCard
 
 Document = dict[str, Any]
+
+HEARTBEAT_INTERVAL_S = 10.0
+"""How often each inference worker refreshes its model's document."""
+WORKER_ALIVE_S = 3 * HEARTBEAT_INTERVAL_S
+"""A worker whose last heartbeat is older than this is shown as not alive."""
+WORKER_FORGOTTEN_S = 600.0
+"""A worker silent for this long is dropped from its model's document at the next heartbeat."""
 
 
 def _card(doc: Document) -> ModelCard:
@@ -18,6 +28,19 @@ def _card(doc: Document) -> ModelCard:
         created=int(doc.get("created", 0)),
         max_context_length=doc.get("max_context_length"),
     )
+
+
+def worker_statuses(doc: Document, now: float) -> list[WorkerStatus]:
+    """The workers a model document lists, most recently seen first."""
+    workers = sorted(doc.get("workers") or [], key=lambda w: -float(w.get("last_seen", 0)))
+    return [
+        WorkerStatus(
+            id=str(w.get("id", "")),
+            last_seen=float(w.get("last_seen", 0)),
+            alive=now - float(w.get("last_seen", 0)) <= WORKER_ALIVE_S,
+        )
+        for w in workers
+    ]
 
 
 class ModelStore:
@@ -31,7 +54,44 @@ class ModelStore:
         doc = await self._models.find_one({"_id": model_id})
         return _card(doc) if doc is not None else None
 
+    async def documents(self) -> list[Document]:
+        """Every model document, by id (for status views: cards plus their workers)."""
+        return await self._models.find({}).sort("_id").to_list()
+
     async def context_lengths(self) -> dict[str, int | None]:
         """Every known model id with its max context length (None when unknown)."""
         cursor = self._models.find({}, {"_id": 1, "max_context_length": 1})
         return {str(m["_id"]): m.get("max_context_length") async for m in cursor}
+
+    async def beat(
+        self, model_id: str, worker: str, max_context_length: int | None, endpoints: list[str]
+    ) -> None:
+        """One worker's heartbeat: the model's facts, the worker's ``last_seen``, and workers
+        silent for ``WORKER_FORGOTTEN_S`` dropped (one update, never per request line)."""
+        now = time.time()
+        others = {
+            "$filter": {
+                "input": {"$ifNull": ["$workers", []]},
+                "cond": {
+                    "$and": [
+                        {"$ne": ["$$this.id", worker]},
+                        {"$gt": ["$$this.last_seen", now - WORKER_FORGOTTEN_S]},
+                    ]
+                },
+            }
+        }
+        await self._models.update_one(
+            {"_id": model_id},
+            [
+                {
+                    "$set": {
+                        "max_context_length": max_context_length,
+                        "endpoints": {"$literal": endpoints},
+                        "last_seen": now,
+                        "created": {"$ifNull": ["$created", int(now)]},
+                        "workers": {"$concatArrays": [others, [{"id": worker, "last_seen": now}]]},
+                    }
+                }
+            ],
+            upsert=True,
+        )

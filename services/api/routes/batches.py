@@ -11,9 +11,23 @@ from services.api.deps import Batches, Project
 from services.api.errors import DEPENDENCY_TIMEOUT_S
 from services.api.openapi import errors
 from services.api.schemas import BatchCreateParams
+from shared.errors import InvalidRequest
+from shared.lifecycle import STATUSES
 from shared.protocol.openai import Batch, ListObject
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+def parse_statuses(raw: str | None) -> frozenset[str] | None:
+    if raw is None or not raw.strip():
+        return None
+    wanted = frozenset(s.strip() for s in raw.split(",") if s.strip())
+    unknown = sorted(wanted - set(STATUSES))
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown status {unknown[0]!r}; expected some of: {', '.join(STATUSES)}.", param="status"
+        )
+    return wanted
 
 
 @router.post("", response_model=Batch, responses=errors(404))
@@ -32,8 +46,12 @@ async def list_batches(
     batches: Batches,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    status: Annotated[
+        str | None,
+        Query(description="batchstream's extension: only batches in these statuses (comma-separated)."),
+    ] = None,
 ) -> ListObject:
-    return await batches.list_page(project, after, limit)
+    return await batches.list_page(project, after, limit, parse_statuses(status))
 
 
 @router.get("/{batch_id}", response_model=Batch, responses=errors(404))

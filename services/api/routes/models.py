@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
 
 from services.api.deps import Project
 from services.api.openapi import errors
@@ -13,7 +15,19 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
 @router.get("", response_model=ListObject)
-async def list_models(_: Project, request: Request) -> ListObject:
+async def list_models(
+    project: Project,
+    request: Request,
+    include: Annotated[
+        Literal["status"] | None,
+        Query(
+            description="batchstream's extension: `status` adds each model's workers (alive or not) "
+            "and this project's running batches and queued lines."
+        ),
+    ] = None,
+) -> ListObject:
+    if include == "status":
+        return ListObject(data=await request.app.state.overview.models_status(project))
     return ListObject(data=await request.app.state.models.cards())
 
 

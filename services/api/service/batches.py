@@ -6,7 +6,7 @@ import asyncio
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import urllib3
@@ -155,9 +155,11 @@ class BatchService:
     async def get(self, project: str, batch_id: str) -> Batch:
         return (await self.document(project, batch_id)).public()
 
-    async def list_page(self, project: str, after: str | None, limit: int) -> ListObject:
+    async def list_page(
+        self, project: str, after: str | None, limit: int, statuses: Collection[str] | None = None
+    ) -> ListObject:
         anchor = (await self.document(project, after)).sort_key if after else None
-        docs = await self.batches.page(project, anchor, limit + 1)
+        docs = await self.batches.page(project, anchor, limit + 1, statuses)
         return page([d.public() for d in docs], limit)
 
     async def cancel(self, project: str, batch_id: str) -> Batch:

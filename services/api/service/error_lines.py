@@ -1,0 +1,90 @@
+"""A batch's error lines, paged and searched by custom_id and error code (the console's view).
+
+Reads the same stream as ``partial_output?kind=error`` (the result chunks while the batch runs,
+the error file once it ended) one line at a time and keeps only the page asked for: memory does
+not grow with the error file. A page further on reads the lines before it again; the first page,
+the one a person opens, reads only as far as it shows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.api.service.partial import PartialOutputService
+from shared.input_lines import split_lines
+from shared.protocol.extensions import ErrorLine, ErrorLinesPage
+
+
+def describe(position: int, raw: bytes) -> ErrorLine:
+    """An error-file line with the code and message it is shown and searched by.
+
+    A line that never ran has ``error: {code, message}``; one the engine refused has the engine's
+    envelope in ``response.body.error`` (vLLM: ``type`` is the name, ``code`` the HTTP status).
+    """
+    doc: dict[str, Any] = json.loads(raw)
+    error = doc.get("error") or {}
+    response = doc.get("response") or {}
+    body = response.get("body")
+    engine_error: dict[str, Any] = {}
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        engine_error = body["error"]
+    status = response.get("status_code")
+    code = error.get("code") or engine_error.get("type") or engine_error.get("code") or status or "error"
+    message = error.get("message") or engine_error.get("message") or ""
+    return ErrorLine(
+        line=position,
+        custom_id=str(doc.get("custom_id", "")),
+        code=str(code),
+        message=str(message),
+        status_code=status if isinstance(status, int) else None,
+        raw=doc,
+    )
+
+
+def matches(line: ErrorLine, custom_id: str | None, code: str | None) -> bool:
+    if custom_id and custom_id not in line.custom_id:
+        return False
+    if code:
+        wanted = code.strip().lower()
+        candidates = {line.code.lower(), str(line.status_code or "").lower()}
+        if wanted not in candidates:
+            return False
+    return True
+
+
+class ErrorLinesService:
+    def __init__(self, partial: PartialOutputService) -> None:
+        self.partial = partial
+
+    async def page(
+        self,
+        project: str,
+        batch_id: str,
+        *,
+        offset: int,
+        limit: int,
+        custom_id: str | None = None,
+        code: str | None = None,
+    ) -> ErrorLinesPage:
+        stream = await self.partial.open(project, batch_id, "error")  # 404 before anything is read
+        found: list[ErrorLine] = []
+        matched = position = 0
+        has_more = False
+        async for raw in split_lines(stream):
+            if not raw.strip():
+                continue
+            position += 1
+            line = describe(position, raw)
+            if not matches(line, custom_id, code):
+                continue
+            matched += 1
+            if matched <= offset:
+                continue
+            if len(found) == limit:
+                has_more = True
+                break
+            found.append(line)
+        if hasattr(stream, "aclose"):
+            await stream.aclose()
+        return ErrorLinesPage(data=found, has_more=has_more, next_offset=offset + limit if has_more else None)
