@@ -117,6 +117,16 @@ down:
 status:
 	@$(PY) -m deploy.local status
 
+# The console's browser tests drive Debian's Chromium with Playwright for Python (Playwright's own
+# browser download needs the internet); installed with apt-get when missing (~2 min, needs root).
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	@command -v apt-get > /dev/null || { echo "install Chromium at $(CHROMIUM) (the browser tests use it)"; exit 1; }
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q chromium > /dev/null \
+		|| { $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -q > /dev/null \
+		&& $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q chromium > /dev/null; }
+	@test -x $(CHROMIUM)
+
 # -------------------------------------------------------------------------------------- checks
 
 lint: $(VENV)/.editable-installed
@@ -150,9 +160,10 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 	$(VENV_CHECK)/bin/python -c 'import sys, yaml; [yaml.safe_load(open(f)) for f in sys.argv[1:]]' \
 		deploy/prometheus/prometheus.yml deploy/grafana/provisioning/*/*.yaml
 
-test: venvs $(TINY_DIR)/$(MARKER) lint check-deploy
+test: venvs $(TINY_DIR)/$(MARKER) $(CHROMIUM) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
+	BATCHSTREAM_TEST_CHROMIUM=$(CHROMIUM) \
 		$(PY) -m pytest -q -m "not load" --durations=25
 
 # The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).

@@ -164,6 +164,11 @@ def test_a_batch_created_in_the_browser_runs_to_completed_with_a_moving_bar(
     expect(page.locator("#counts")).to_contain_text(f"{count} done")
     expect(page.locator("#timeline")).to_contain_text("completed")
     expect(page.locator("#plot polyline.completed")).to_have_count(1)
+    bar, done = page.locator(".bar.big"), page.locator(".bar.big .done")
+    assert (done.bounding_box() or {})["width"] >= 0.99 * (bar.bounding_box() or {})["width"]
+    usage = http.get(f"/v1/batches/{batch_id}").json()["usage"]
+    expect(page.locator("main")).to_contain_text(f"{usage['output_tokens']:,}")
+    expect(page.locator("main")).not_to_contain_text("[object")
     console.shot("batch-completed")
 
     with page.expect_download() as download:

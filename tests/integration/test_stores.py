@@ -19,6 +19,7 @@ from shared.mongo import Mongo
 from shared.protocol.openai import BatchError, FileObject
 from shared.stores.batches import BatchStore, LiveCounts
 from shared.stores.files import FileStore
+from shared.stores.models import WORKER_FORGOTTEN_S, ModelStore
 from tests.support.fresh_mongo import fresh_mongo
 
 
@@ -200,3 +201,61 @@ async def test_an_end_whose_listener_never_ran_is_found_and_announced_once(mongo
     await sweeping.announce_end(missed[0])
     assert announced[-1] == (lost.id, "hooks", "failed")
     assert await sweeping.unrecorded_ends(time.time() + 1, 100) == []
+
+
+async def test_the_progress_history_is_kept_per_flush_and_bounded(
+    batches: BatchStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shared.stores.batches.PROGRESS_SAMPLES", 3)
+    batch = await new_batch(batches, status="in_progress", request_counts={"total": 9})
+    for done in range(1, 6):
+        await batches.live_counts({batch.id: LiveCounts(done, done // 2, {})})
+    total, samples = await batches.progress(batch.id, "p") or (0, [])
+    assert total == 9
+    assert [(s[1], s[2]) for s in samples] == [(3, 1), (4, 2), (5, 2)]  # the newest three, oldest first
+    assert samples[0][0] <= samples[-1][0] <= time.time()
+    assert await batches.progress(batch.id, "another-project") is None
+    await batches.requeue(batch.id)
+    assert (await batches.progress(batch.id, "p") or (0, [1]))[1] == []
+
+
+async def test_running_lines_and_usage_are_summed_per_model_for_the_project(batches: BatchStore) -> None:
+    project = f"usage-{uuid.uuid4().hex[:8]}"
+    usage = {
+        "input_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 4},
+        "output_tokens": 5,
+        "total_tokens": 15,
+    }
+    counts = {"total": 10, "completed": 6, "failed": 1}
+    await new_batch(batches, project, model="m1", status="in_progress", request_counts=counts, usage=usage)
+    await new_batch(
+        batches, project, model="m1", status="completed", request_counts={"total": 3, "completed": 3}
+    )
+    await new_batch(batches, project, model="m2", status="validating")
+    await new_batch(batches, "someone-else", model="m1", status="in_progress", request_counts={"total": 50})
+    assert await batches.running_by_model(project) == {"m1": (1, 3), "m2": (1, 0)}
+    rows = await batches.usage_by_day(project, int(time.time()) - 86_400)
+    by_model = {r["model"]: r for r in rows}
+    assert set(by_model) == {"m1", "m2"}
+    m1 = by_model["m1"]
+    assert (m1["batches"], m1["completed"], m1["failed"]) == (2, 9, 1)
+    assert (m1["input"], m1["cached"], m1["output"], m1["total"]) == (10, 4, 5, 15)
+    assert m1["day"] == int(time.time()) // 86_400 * 86_400
+    assert await batches.usage_by_day(project, int(time.time()) + 86_400) == []
+
+
+async def test_a_heartbeat_lists_its_worker_and_forgets_long_silent_ones(mongo: Mongo) -> None:
+    models = ModelStore(mongo.models)
+    model = f"model-{uuid.uuid4().hex[:8]}"
+    await models.beat(model, "host:1", 2048, ["/v1/chat/completions"])
+    await mongo.models.update_one(
+        {"_id": model}, {"$set": {"workers.0.last_seen": time.time() - WORKER_FORGOTTEN_S - 1}}
+    )
+    await models.beat(model, "host:2", 2048, ["/v1/chat/completions"])
+    await models.beat(model, "host:2", 4096, ["/v1/chat/completions"])
+    doc = next(d for d in await models.documents() if d["_id"] == model)
+    assert [w["id"] for w in doc["workers"]] == ["host:2"]
+    assert doc["max_context_length"] == 4096 and doc["endpoints"] == ["/v1/chat/completions"]
+    card = await models.card(model)
+    assert card is not None and card.created <= time.time()

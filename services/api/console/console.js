@@ -41,11 +41,11 @@ function h(tag, attrs = {}, ...children) {
     if (value === null || value === undefined || value === false) continue;
     if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
     else if (name === "class") el.className = value;
-    else if (name === "style") el.setAttribute("style", value);
+    else if (name === "style") el.style.cssText = value; // CSSOM: allowed by the pages' CSP
     else if (value === true) el.setAttribute(name, "");
     else el.setAttribute(name, String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -293,7 +293,8 @@ function batchesPage(query, view) {
 
 // The plot: completed and failed lines over time, an inline SVG.
 function progressPlot(progress, batch) {
-  const W = 640, H = 180, L = 48, R = 12, T = 10, B = 26;
+  // Drawn at the page's width (no letterboxing, text at its real size).
+  const W = Math.max(320, Math.round(main().clientWidth) - 40), H = 200, L = 48, R = 12, T = 10, B = 26;
   const svg = (tag, attrs, ...kids) => {
     const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
     for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
@@ -304,8 +305,10 @@ function progressPlot(progress, batch) {
   const start = batch.in_progress_at || batch.created_at;
   const c = batch.request_counts;
   const end = batch.completed_at || batch.cancelled_at || batch.expired_at || batch.failed_at || Date.now() / 1000;
-  const points = [[start, 0, 0], ...samples.filter((s) => s[0] >= start), [Math.max(end, start + 1), c.completed, c.failed]];
-  const t0 = points[0][0], t1 = Math.max(points[points.length - 1][0], t0 + 1);
+  const kept = samples.filter((s) => s[0] >= start);
+  const last = Math.max(end, start + 1, ...kept.map((s) => s[0])); // counts are flushed after the fact
+  const points = [[start, 0, 0], ...kept, [last, c.completed, c.failed]];
+  const t0 = start, t1 = last;
   const top = Math.max(c.total, 1);
   const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   const y = (n) => T + (1 - n / top) * (H - T - B);
@@ -313,7 +316,7 @@ function progressPlot(progress, batch) {
   const title = svg("title", {});
   title.textContent = `Lines done over time: ${c.completed} completed, ${c.failed} failed of ${c.total}`;
   const label = (text, attrs) => { const t = svg("text", attrs); t.textContent = text; return t; };
-  return svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "plot", role: "img", id: "plot" },
+  return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "plot", role: "img", id: "plot" },
     title,
     svg("line", { x1: L, y1: y(0), x2: W - R, y2: y(0), class: "axis" }),
     svg("line", { x1: L, y1: T, x2: L, y2: y(0), class: "axis" }),
@@ -346,6 +349,9 @@ function errorLinesSection(batchId, view) {
   const customId = h("input", { type: "search", name: "custom_id", id: "search-custom-id", placeholder: "contains…" });
   const code = h("input", { type: "search", name: "code", id: "search-code", placeholder: "e.g. batch_cancelled or 400" });
   let offset = 0, shown = 0;
+  const table = h("div", { class: "scroll", hidden: true }, h("table", {},
+    h("thead", {}, h("tr", {}, h("th", { class: "num wide" }, "#"), h("th", {}, "custom_id"),
+      h("th", {}, "Code"), h("th", { class: "num wide" }, "HTTP"), h("th", {}, "Message"))), rows));
 
   const load = async (reset) => {
     if (reset) { offset = 0; shown = 0; rows.replaceChildren(); }
@@ -366,6 +372,7 @@ function errorLinesSection(batchId, view) {
     shown += page.data.length;
     offset = page.next_offset ?? offset + page.data.length;
     more.hidden = !page.has_more;
+    table.hidden = shown === 0;
     status.textContent = shown ? `${fmtInt(shown)} error line${shown === 1 ? "" : "s"} shown${page.has_more ? "; more below" : ""}.` : "No error lines" + (customId.value || code.value ? " match." : ".");
   };
   more.addEventListener("click", () => load(false));
@@ -375,10 +382,7 @@ function errorLinesSection(batchId, view) {
     h("button", { type: "submit" }, "Search"));
   const section = h("section", { id: "error-lines" },
     h("h2", {}, "Error lines"), form, status,
-    h("div", { class: "scroll" }, h("table", {},
-      h("thead", {}, h("tr", {}, h("th", { class: "num wide" }, "#"), h("th", {}, "custom_id"),
-        h("th", {}, "Code"), h("th", { class: "num wide" }, "HTTP"), h("th", {}, "Message"))), rows)),
-    more);
+    table, more);
   return { section, load };
 }
 
@@ -424,7 +428,7 @@ function batchPage(batchId, view) {
     heading.replaceChildren(h("h1", {}, batch.id, " ", badge(batch.status)));
     const key = [batch.status, batch.output_file_id, batch.error_file_id].join("|");
     if (key !== actionsKey) { actionsBox.replaceChildren(actions); actionsKey = key; }
-    details.replaceChildren(
+    details.replaceChildren(...[
       progressBar(c, true),
       h("p", { id: "counts" }, countsText(c), ended ? "" : ` · time left ${fmtDuration(timeLeft(batch))}`),
       validation,
@@ -440,7 +444,7 @@ function batchPage(batchId, view) {
           ["Metadata", Object.entries(batch.metadata || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"]])),
         h("section", { class: "card" }, h("h2", {}, "Defaults"), kv(defaults))),
       h("h2", {}, "Lines over time"),
-      progressPlot(progress, batch));
+      progressPlot(progress, batch)].filter(Boolean));
     if (c.failed !== failedSeen || (ended && !endedSeen)) {
       failedSeen = c.failed;
       endedSeen = ended;

@@ -1,0 +1,93 @@
+"""The console's read-only views: how an error line is described and searched, the status filter,
+and which workers count as alive."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.api.routes.batches import parse_statuses
+from services.api.routes.console import console_config
+from services.api.service.error_lines import describe, matches
+from shared.errors import InvalidRequest
+from shared.stores.models import WORKER_ALIVE_S, worker_statuses
+
+ENGINE_REFUSED = {
+    "id": "batch_req_1",
+    "custom_id": "too-long-7",
+    "response": {
+        "status_code": 400,
+        "request_id": "req_1",
+        "body": {
+            "error": {"message": "Input too long", "type": "BadRequestError", "param": None, "code": 400}
+        },
+    },
+    "error": None,
+}
+NEVER_RAN = {
+    "id": "batch_req_2",
+    "custom_id": "late-1",
+    "response": None,
+    "error": {"code": "batch_cancelled", "message": "This request was not run: the batch was cancelled."},
+}
+
+
+def test_an_engine_refusal_is_named_by_its_type_and_status() -> None:
+    line = describe(3, json.dumps(ENGINE_REFUSED).encode())
+    assert (line.line, line.custom_id, line.code, line.status_code) == (
+        3,
+        "too-long-7",
+        "BadRequestError",
+        400,
+    )
+    assert line.message == "Input too long"
+    assert line.raw == ENGINE_REFUSED
+
+
+def test_a_line_that_never_ran_is_named_by_its_error_code() -> None:
+    line = describe(1, json.dumps(NEVER_RAN).encode())
+    assert (line.code, line.status_code) == ("batch_cancelled", None)
+    assert line.message.startswith("This request was not run")
+
+
+def test_search_by_custom_id_fragment_and_by_code_or_status() -> None:
+    refused = describe(1, json.dumps(ENGINE_REFUSED).encode())
+    never_ran = describe(2, json.dumps(NEVER_RAN).encode())
+    assert matches(refused, "too-long", None) and not matches(never_ran, "too-long", None)
+    assert matches(refused, None, "400") and matches(refused, None, "badrequesterror")
+    assert matches(never_ran, None, "batch_cancelled") and not matches(refused, None, "batch_cancelled")
+    assert not matches(refused, "too-long", "batch_cancelled")
+    assert matches(never_ran, None, None)
+
+
+def test_the_status_filter_takes_known_statuses_and_names_an_unknown_one() -> None:
+    assert parse_statuses(None) is None and parse_statuses(" ") is None
+    assert parse_statuses("in_progress, completed") == {"in_progress", "completed"}
+    with pytest.raises(InvalidRequest, match="'running'") as refused:
+        parse_statuses("completed,running")
+    assert refused.value.param == "status"
+
+
+def test_a_worker_is_alive_until_its_heartbeat_is_three_intervals_old() -> None:
+    now = 1_000_000.0
+    doc = {
+        "workers": [{"id": "a:1", "last_seen": now - WORKER_ALIVE_S - 1}, {"id": "b:2", "last_seen": now - 1}]
+    }
+    assert [(w.id, w.alive) for w in worker_statuses(doc, now)] == [("b:2", True), ("a:1", False)]
+    assert worker_statuses({}, now) == []
+
+
+def test_the_new_batch_form_gets_every_default_with_its_bounds() -> None:
+    config = console_config()
+    assert set(config["defaults"]) == {
+        "max_decoding_length",
+        "max_context_length",
+        "temperature",
+        "top_p",
+        "top_k",
+    }
+    temperature = config["defaults"]["temperature"]["anyOf"][0]
+    assert (temperature["minimum"], temperature["maximum"]) == (0, 2)
+    assert config["priority"] == {"minimum": -100, "maximum": 100}
+    assert "completed" in config["terminal"] and "in_progress" not in config["terminal"]
