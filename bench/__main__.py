@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix|shared] [options]``
+"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix|shared|console] [options]``
 (``make bench``), or ``python -m bench --only versus --against REV`` (this tree against an older
 commit).
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import parity, pipeline, prefix, shared, versus
+from bench import console, parity, pipeline, prefix, shared, versus
 from bench.common import default_path, machine
 from deploy.local import REPO_ROOT
 
@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--only",
-        choices=["parity", "pipeline", "prefix", "shared", "versus"],
+        choices=["parity", "pipeline", "prefix", "shared", "console", "versus"],
         help="run one benchmark (versus: only so)",
     )
     parser.add_argument(
@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parity_group.add_argument("--max-num-seqs", type=int, default=64)
     parity_group.add_argument("--max-model-len", type=int, default=2048)
     parity_group.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE for both")
+    console_group = parser.add_argument_group("console (the batch list in Chromium)")
+    console_group.add_argument("--console-batches", type=int, default=1000)
+    console_group.add_argument("--console-rounds", type=int, default=5)
     versus_group = parser.add_argument_group("versus (the parity batch, this tree against a commit)")
     versus_group.add_argument("--against", default="", help="the commit (any git revision) to compare")
     versus_group.add_argument("--pairs", type=int, default=10, help="rounds of one batch on each side")
@@ -193,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         _save(report, path)
     if args.only in (None, "shared"):
         report["shared"] = shared.run(args)
+        _save(report, path)
+    if args.only in (None, "console"):
+        report["console"] = console.run(args)
     report["duration_s"] = time.monotonic() - started
     _save(report, path)
     print(f"\nresults: {path} ({report['duration_s']:.0f} s in all)")

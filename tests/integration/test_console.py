@@ -270,13 +270,17 @@ def test_cancel_asks_first_then_cancels_a_running_batch(
 def test_another_projects_batches_are_not_listed(
     console: Console, stack: Stack, model_id: str, http: httpx.Client
 ) -> None:
+    page = console.login()
+    page.evaluate("() => { window.__sameDocument = true; }")  # gone if the page reloads
+    # Batches created while the list is open appear and finish there by themselves.
     mine = create_batch(http, chat_lines(model_id, "mine", 1, max_tokens=2))
     other_key = stack.create_key("console-other-team")
     with httpx.Client(base_url=origin(stack), headers={"Authorization": f"Bearer {other_key}"}) as other:
         theirs = create_batch(other, chat_lines(model_id, "theirs", 1, max_tokens=2))
-    page = console.login()
-    expect(page.locator(f"tr[data-id='{mine}']")).to_be_visible()
+        wait_until(lambda: other.get(f"/v1/batches/{theirs}").json()["status"] == "completed", 120, "theirs")
+    expect(page.locator(f"tr[data-id='{mine}']")).to_contain_text("completed", timeout=120_000)
     expect(page.locator(f"tr[data-id='{theirs}']")).to_have_count(0)
+    assert page.evaluate("() => window.__sameDocument === true")
     page.goto(f"{console.url}#/batches/{theirs}")
     expect(page.get_by_role("alert")).to_contain_text("No batch")
     # The other project's key sees its own batch and not ours.
