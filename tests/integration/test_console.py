@@ -345,3 +345,28 @@ def test_every_page_is_usable_by_keyboard(console: Console) -> None:
         expect(page.get_by_role("heading", name=name)).to_be_visible()
     page.set_viewport_size(PHONE)
     console.shot("new-batch-390px")
+
+
+def test_a_file_dropped_on_the_new_batch_page_is_the_one_uploaded(
+    console: Console, model_id: str, http: httpx.Client
+) -> None:
+    page = console.login()
+    page.goto(f"{console.url}#/new")
+    content = chat_line("dropped-0", model_id, "hi", max_tokens=2)
+    # What a drag from the desktop delivers: a drop event whose DataTransfer holds the file.
+    page.locator("#drop").evaluate(
+        """(zone, text) => { const data = new DataTransfer();
+             data.items.add(new File([text], 'dropped.jsonl', {type: 'application/jsonl'}));
+             const init = {dataTransfer: data, bubbles: true, cancelable: true};
+             zone.dispatchEvent(new DragEvent('dragover', init));
+             zone.dispatchEvent(new DragEvent('drop', init)); }""",
+        content,
+    )
+    expect(page.locator("#chosen")).to_contain_text("dropped.jsonl")
+    page.get_by_label("Priority (-100 to 100)").fill("7")
+    page.get_by_role("button", name="Upload and create").click()
+    page.wait_for_url("**/console/#/batches/batch_*")
+    batch = http.get(f"/v1/batches/{page.url.rsplit('/', 1)[-1]}").json()
+    assert batch["priority"] == 7
+    assert http.get(f"/v1/files/{batch['input_file_id']}/content").text == content
+    assert http.get(f"/v1/files/{batch['input_file_id']}").json()["filename"] == "dropped.jsonl"
