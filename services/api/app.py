@@ -27,6 +27,7 @@ from services.api.service.files import FileService
 from services.api.service.keys import KeyRing
 from services.api.service.overview import OverviewService
 from services.api.service.partial import PartialOutputService
+from services.api.service.retry import RetryService
 from shared.kafka import make_producer, wait_for_kafka
 from shared.logging import configure_logging
 from shared.mongo import Mongo
@@ -92,6 +93,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.partial = PartialOutputService(batch_store, file_store, store)
         app.state.error_lines = ErrorLinesService(app.state.partial)
         app.state.overview = OverviewService(batch_store, model_store)
+        app.state.retry = RetryService(batch_service, file_service, app.state.partial)
         app.state.files, app.state.batches = file_service, batch_service
         app.state.keys = KeyRing(mongo, api_settings.project_by_key())
         dispatcher = Dispatcher(

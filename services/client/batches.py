@@ -10,7 +10,7 @@ so leave them unset there.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from openai import OpenAI
@@ -48,6 +48,13 @@ def submit(
         metadata=dict(metadata) if metadata else None,
         extra_body=extra_body or None,
     )
+
+
+def retry(client: OpenAI, batch_id: str, codes: Sequence[str] | None = None) -> Batch:
+    """A new batch of ``batch_id``'s failed lines (only those with one of ``codes``, if given):
+    batchstream's ``POST /v1/batches/{id}/retry``; its metadata names the parent in ``retry_of``."""
+    body = {"codes": list(codes)} if codes else {}
+    return client.post(f"/batches/{batch_id}/retry", body=body, cast_to=Batch)
 
 
 def wait(

@@ -30,6 +30,7 @@ from services.client.batches import (
     EXIT_INTERRUPTED,
     download,
     download_results,
+    retry,
     submit,
     wait,
 )
@@ -244,6 +245,35 @@ def submit_command(
             soft_wrap=True,
         )
     _finish(batch, as_json)
+
+
+@app.command("retry")
+def retry_command(
+    ctx: typer.Context,
+    batch_id: str,
+    code: Annotated[
+        list[str] | None,
+        typer.Option("--code", "-c", help="Only error lines with this code or HTTP status; repeat for more."),
+    ] = None,
+    poll: PollFlag = 1.0,
+    wait_for_it: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="--wait: show the new batch's progress until it ends.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a new batch from a finished batch's failed lines (all, or those with --code).
+
+    The new batch has the same endpoint, window, priority and defaults, and metadata retry_of=BATCH_ID.
+    Prints its id; with --wait, exits as `batches wait` does.
+    """
+    client = _client(ctx)
+    created = retry(client, batch_id, code or None)
+    if not wait_for_it:
+        _print_json(_as_dict(created)) if as_json else out.print(created.id)
+        return
+    batch = _wait_with_progress(client, created, poll)
+    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+    raise typer.Exit(EXIT_CODES.get(batch.status, 1))
 
 
 def _pairs(items: list[str]) -> dict[str, str]:

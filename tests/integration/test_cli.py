@@ -191,3 +191,27 @@ def test_a_key_made_by_keys_create_works_until_revoked(stack: Stack) -> None:
 
 def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_retry_makes_a_batch_of_the_failed_lines_and_waits_for_it(
+    stack: Stack, model_id: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "mixed.jsonl"
+    write_chat_lines(source, model_id, ["fine"], max_tokens=2)
+    too_long = {"custom_id": "long", "method": "POST", "url": "/v1/chat/completions"}
+    too_long["body"] = {
+        "model": model_id,
+        "messages": [{"role": "user", "content": "hi " * 5000}],
+        "max_tokens": 2,
+    }
+    with source.open("a") as handle:
+        handle.write(json.dumps(too_long) + "\n")
+    parent = read_json(batchstream(stack, "submit", str(source), "--json"))
+    assert parent["request_counts"]["failed"] == 1
+    done = batchstream(stack, "retry", parent["id"], "--code", "400", "--wait", "--json")
+    assert done.returncode == 0, done.stderr  # completed: its one line failed again, as it must
+    child = json.loads(done.stdout)
+    assert child["metadata"]["retry_of"] == parent["id"]
+    assert child["request_counts"] == {"total": 1, "completed": 0, "failed": 1}
+    nothing = batchstream(stack, "retry", parent["id"], "--code", "batch_expired")
+    assert nothing.returncode == 5 and "no error lines with code batch_expired" in nothing.stderr

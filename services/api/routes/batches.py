@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.deps import Batches, Project
 from services.api.errors import DEPENDENCY_TIMEOUT_S
 from services.api.openapi import errors
 from services.api.schemas import BatchCreateParams
+from services.api.service.retry import RetryService
 from shared.errors import InvalidRequest
 from shared.lifecycle import STATUSES
 from shared.protocol.openai import Batch, ListObject
@@ -64,3 +66,21 @@ async def cancel_batch(project: Project, batches: Batches, batch_id: str) -> Bat
     # Kafka down, the announcement can take two producer timeouts to fail (metadata, then
     # delivery): bound the call, a timeout is a 503 (errors.py).
     return await asyncio.wait_for(batches.cancel(project, batch_id), DEPENDENCY_TIMEOUT_S)
+
+
+class RetryParams(BaseModel):
+    """``POST /v1/batches/{id}/retry``: batchstream's extension (docs/api.md, "Retry")."""
+
+    model_config = ConfigDict(extra="forbid")
+    codes: list[str] | None = Field(
+        default=None, description="Retry only the error lines with one of these codes (or HTTP statuses)."
+    )
+
+
+@router.post("/{batch_id}/retry", response_model=Batch, responses=errors(400, 404, 409))
+async def retry_batch(
+    project: Project, request: Request, batch_id: str, params: RetryParams | None = None
+) -> Batch:
+    """A new batch of this finished batch's failed lines, its metadata naming this one in ``retry_of``."""
+    service: RetryService = request.app.state.retry
+    return await service.retry(project, batch_id, params.codes if params else None)

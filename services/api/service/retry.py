@@ -1,0 +1,94 @@
+"""Retry what failed: a new batch from a finished batch's error lines (``POST
+/v1/batches/{id}/retry``, ``batchstream retry``).
+
+The error file names each failed line by ``custom_id`` (unique within a batch: validation refuses
+a repeat), so the new input file is the parent's input lines whose ``custom_id`` failed, optionally
+only those with some error codes (matched as the error-lines view matches them), in the parent's
+order and byte for byte. The new batch takes the parent's endpoint, window, priority and
+batch-level defaults; its metadata is the parent's with ``retry_of`` set to the parent's id.
+
+Memory: the failed ``custom_id`` set (one entry per error line) and a spooled copy of the selected
+lines, which goes to disk past a few megabytes.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+
+import orjson
+
+from services.api.schemas import BatchCreateParams
+from services.api.service.batches import MAX_METADATA_PAIRS, BatchService
+from services.api.service.error_lines import describe, matches
+from services.api.service.files import FileService
+from services.api.service.partial import PartialOutputService
+from shared.errors import Conflict, InvalidRequest
+from shared.input_lines import split_lines
+from shared.lifecycle import TERMINAL
+from shared.protocol.openai import Batch
+
+RETRY_OF = "retry_of"
+"""The metadata key that links a retry batch to the batch it retries."""
+SPOOL_BYTES = 8 * 1024 * 1024
+
+
+class RetryService:
+    def __init__(self, batches: BatchService, files: FileService, partial: PartialOutputService) -> None:
+        self.batches = batches
+        self.files = files
+        self.partial = partial
+
+    async def retry(self, project: str, batch_id: str, codes: Sequence[str] | None) -> Batch:
+        parent = await self.batches.document(project, batch_id)  # 404 for another project's
+        if parent.status not in TERMINAL:
+            raise Conflict(
+                f"Batch {batch_id} is {parent.status}; retry it once it has ended.",
+                param="batch_id",
+                code="batch_not_finished",
+            )
+        failed = await self._failed_custom_ids(project, batch_id, codes)
+        if not failed:
+            which = f" with code {', '.join(codes)}" if codes else ""
+            raise InvalidRequest(
+                f"Batch {batch_id} has no error lines{which} to retry.", param="codes", code="no_error_lines"
+            )
+        source = await self.files.document(project, parent.input_file_id)  # 404 once deleted
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as selected:
+            async for raw in split_lines(self.files.store.iter_chunks(source.object_key)):
+                if raw.strip() and _custom_id(raw) in failed:
+                    selected.write(raw + b"\n")
+            size = selected.tell()
+            selected.seek(0)
+            uploaded = await self.files.upload(project, selected, size, f"{batch_id}_retry.jsonl", "batch")
+        kept = list((parent.metadata or {}).items())[: MAX_METADATA_PAIRS - 1]
+        params = BatchCreateParams(
+            input_file_id=uploaded.id,
+            endpoint=parent.endpoint,
+            completion_window=parent.completion_window,
+            metadata={**dict(kept), RETRY_OF: batch_id},
+            priority=parent.priority,
+            **parent.defaults.model_dump(),
+        )
+        return await self.batches.create(project, params)
+
+    async def _failed_custom_ids(self, project: str, batch_id: str, codes: Sequence[str] | None) -> set[str]:
+        wanted = [c for c in codes or [] if c.strip()]
+        failed: set[str] = set()
+        position = 0
+        async for raw in split_lines(await self.partial.open(project, batch_id, "error")):
+            if not raw.strip():
+                continue
+            position += 1
+            line = describe(position, raw)
+            if not wanted or any(matches(line, None, code) for code in wanted):
+                failed.add(line.custom_id)
+        return failed
+
+
+def _custom_id(raw: bytes) -> str | None:
+    try:
+        value = orjson.loads(raw).get("custom_id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
