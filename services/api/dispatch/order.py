@@ -32,8 +32,6 @@ are then copied in dispatch order from a local copy of the input. An order that 
 
 from __future__ import annotations
 
-import heapq
-import os
 import struct
 import tempfile
 import zlib
@@ -45,6 +43,7 @@ from typing import IO, Any
 
 import orjson
 
+from services.api.spill import SortedRuns
 from shared.input_lines import InputLine
 from shared.kafka import key_partition
 from shared.storage import ObjectStore
@@ -64,7 +63,6 @@ _KEYED = struct.Struct(f">{KEY_BYTES}sIQI")  # prefix key, number, start, length
 # The group's first number, the line's key up to what it shares with a neighbour, number, start,
 # length, group id.
 _PLACED = struct.Struct(f">I{KEY_BYTES}sIQIQ")
-_LENGTH = struct.Struct("<I")
 
 
 # ------------------------------------------------------------------------------------ prompt text
@@ -133,66 +131,6 @@ def shared_blocks(a: bytes, b: bytes) -> int:
 # --------------------------------------------------------------------------------- external sort
 
 
-class _Runs:
-    """Records sorted in runs of at most ``run_bytes``, spilled to one temporary file (each record
-    behind its length), then merged: memory holds one run, plus a read buffer per run."""
-
-    def __init__(self, run_bytes: int) -> None:
-        self.run_bytes = run_bytes
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self._spill: IO[bytes] | None = None
-        self._runs: list[tuple[int, int]] = []  # (offset, bytes) in the spill file
-
-    def add(self, record: bytes) -> None:
-        self._pending.append(record)
-        self._pending_bytes += len(record) + 64  # and the list's and object's own share
-        if self._pending_bytes >= self.run_bytes:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        if self._spill is None:
-            self._spill = tempfile.TemporaryFile()
-        self._pending.sort()
-        offset = self._spill.seek(0, os.SEEK_END)
-        self._spill.write(b"".join(_LENGTH.pack(len(r)) + r for r in self._pending))
-        self._runs.append((offset, self._spill.tell() - offset))
-        self._pending, self._pending_bytes = [], 0
-
-    def _read_run(self, offset: int, size: int) -> Iterator[bytes]:
-        assert self._spill is not None
-        spill, end, pending, at = self._spill, offset + size, b"", offset
-        while True:
-            while len(pending) >= _LENGTH.size:
-                (length,) = _LENGTH.unpack_from(pending)
-                if len(pending) < _LENGTH.size + length:
-                    break
-                yield pending[_LENGTH.size : _LENGTH.size + length]
-                pending = pending[_LENGTH.size + length :]
-            if at >= end:
-                return
-            spill.seek(at)
-            chunk = spill.read(min(1 << 20, end - at))
-            at += len(chunk)
-            pending += chunk
-
-    def sorted(self) -> Iterator[bytes]:
-        """Every record in byte order (may be walked more than once)."""
-        if self._spill is None:
-            self._pending.sort()
-            yield from self._pending
-            return
-        self._flush()
-        yield from heapq.merge(*(self._read_run(o, n) for o, n in self._runs))
-
-    def close(self) -> None:
-        if self._spill is not None:
-            self._spill.close()
-            self._spill = None
-
-
 # --------------------------------------------------------------------------------------- builder
 
 
@@ -221,7 +159,7 @@ class OrderBuilder:
     def __init__(self, min_shared_chars: int, run_bytes: int = RUN_BYTES) -> None:
         self.min_blocks = max(1, -(-min_shared_chars // BLOCK_BYTES))
         self._run_bytes = run_bytes
-        self._keys = _Runs(run_bytes)
+        self._keys = SortedRuns(run_bytes)
         self._plan: IO[bytes] | None = None
         self.stats = OrderStats()
 
@@ -270,7 +208,7 @@ class OrderBuilder:
                 common = min(common, shared_blocks(head, key))
         if sizes:
             ids.append(_group_id(head, common, sizes[-1]))
-        places = _Runs(self._run_bytes)
+        places = SortedRuns(self._run_bytes)
         self._plan = tempfile.TemporaryFile()
         try:
             group = -1

@@ -1,22 +1,63 @@
 """Validation of a batch input file, line by line, before any line runs.
 
 OpenAI's rule: any invalid line fails the batch, and every bad line is reported with its 1-based
-line number, code and param. The validator streams: it holds the set of custom_ids, not the lines.
+line number, code and param. The validator streams and its memory does not grow with the file:
+custom_ids are checked for repeats by an external sort (``CustomIdCheck``), not held in a set.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import hashlib
+import heapq
+import struct
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
-from services.api.dispatch.order import OrderBuilder, prompt_text
+from services.api.dispatch.order import RUN_BYTES, OrderBuilder, prompt_text
+from services.api.spill import SortedRuns
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
+
+
+class CustomIdCheck:
+    """Finds repeated custom_ids in bounded memory: one record per line (a 16-byte BLAKE2b digest
+    of the id, the line number, the id) in ``SortedRuns``; one merge pass at the end walks each
+    id's lines together, the first in the file before its repeats. Ids are compared in full, so
+    a digest collision costs nothing but order."""
+
+    def __init__(self, run_bytes: int = RUN_BYTES) -> None:
+        self._runs = SortedRuns(run_bytes)
+        self.repeat_count = 0
+
+    def add(self, custom_id: str, line: int) -> None:
+        raw = custom_id.encode("utf-8", "surrogatepass")
+        self._runs.add(hashlib.blake2b(raw, digest_size=16).digest() + _LINE.pack(line) + raw)
+
+    def repeats(self) -> Iterator[tuple[int, str]]:
+        """(line, custom_id) of each line whose id an earlier line has, grouped by id."""
+        seen: set[bytes] = set()  # the ids of one digest (one, but for a collision)
+        digest = b""
+        for record in self._runs.sorted():
+            if record[:16] != digest:
+                digest, seen = record[:16], set()
+            raw = record[16 + _LINE.size :]
+            if raw in seen:
+                self.repeat_count += 1
+                (line,) = _LINE.unpack_from(record, 16)
+                yield line, raw.decode("utf-8", "surrogatepass")
+            else:
+                seen.add(raw)
+
+    def close(self) -> None:
+        self._runs.close()
+
+
+_LINE = struct.Struct(">Q")  # big-endian: one id's records sort by line
 
 
 @dataclass
@@ -40,16 +81,20 @@ class InputValidator:
     max_lines: int
     max_reported_errors: int
     order: OrderBuilder | None = None  # fed each line's prompt prefix (the dispatch order)
-    _custom_ids: set[str] = field(default_factory=set)
+    _custom_ids: CustomIdCheck = field(default_factory=lambda: CustomIdCheck())
     _report: ValidationReport = field(default_factory=ValidationReport)
 
     async def run(self, lines: AsyncIterator[InputLine]) -> ValidationReport:
         """Check the file's request lines (``shared.input_lines.request_lines``)."""
-        async for line in lines:
-            self._report.lines += 1
-            body = self._check_line(line.number, line.raw)
-            if self.order is not None:
-                self.order.add(line, prompt_text(self.endpoint, body) if body is not None else None)
+        try:
+            async for line in lines:
+                self._report.lines += 1
+                body = self._check_line(line.number, line.raw)
+                if self.order is not None:
+                    self.order.add(line, prompt_text(self.endpoint, body) if body is not None else None)
+            self._report_repeats()
+        finally:
+            self._custom_ids.close()
         if self._report.lines == 0:
             self._error(None, "empty_file", "The input file has no request lines.")
         elif self._report.lines > self.max_lines:
@@ -59,6 +104,24 @@ class InputValidator:
                 f"The input file has {self._report.lines} lines; the limit is {self.max_lines}.",
             )
         return self._report
+
+    def _report_repeats(self) -> None:
+        """Every line whose custom_id an earlier line has, merged into the errors in line order
+        (the report keeps the first ``max_reported_errors`` of all errors, as before)."""
+        repeats = heapq.nsmallest(self.max_reported_errors, self._custom_ids.repeats())
+        self._report.error_count += self._custom_ids.repeat_count
+        found = [
+            BatchError(
+                code="duplicate_custom_id",
+                message=f"custom_id {custom_id!r} is not unique.",
+                param="custom_id",
+                line=number,
+            )
+            for number, custom_id in repeats
+        ]
+        if found:
+            merged = sorted([*self._report.errors, *found], key=lambda e: e.line or 0)
+            self._report.errors = merged[: self.max_reported_errors]
 
     def _error(self, line: int | None, code: str, message: str, param: str | None = None) -> None:
         self._report.error_count += 1
@@ -92,15 +155,8 @@ class InputValidator:
         custom_id = item.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             self._error(number, "missing_required_parameter", "Missing custom_id.", "custom_id")
-        elif custom_id in self._custom_ids:
-            self._error(
-                number,
-                "duplicate_custom_id",
-                f"custom_id {custom_id!r} is not unique.",
-                "custom_id",
-            )
         else:
-            self._custom_ids.add(custom_id)
+            self._custom_ids.add(custom_id, number)
         if item.get("method") is None:
             self._error(number, "missing_required_parameter", "Missing method.", "method")
         elif item["method"] != "POST":

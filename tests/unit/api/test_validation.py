@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.api.service.validation import InputValidator, ValidationReport
+from services.api.service.validation import CustomIdCheck, InputValidator, ValidationReport
 from tests.support.lines import file_request_lines
 
 ENDPOINT = "/v1/chat/completions"
@@ -139,3 +139,25 @@ async def test_bad_responses_lines_are_reported_like_the_other_endpoints() -> No
         (8, "invalid_request", "body.input"),
     ]
     assert "not supported in a batch" in report.errors[5].message
+
+
+async def test_repeated_custom_ids_are_reported_at_each_repeat_in_line_order() -> None:
+    report = await validate([line("x"), b"{bad", line("y"), line("x"), line("z"), line("y"), line("x")])
+    assert codes(report) == [
+        (2, "invalid_json_line", None),
+        (4, "duplicate_custom_id", "custom_id"),
+        (6, "duplicate_custom_id", "custom_id"),
+        (7, "duplicate_custom_id", "custom_id"),
+    ]
+    assert report.errors[1].message == "custom_id 'x' is not unique."
+    assert report.error_count == 4
+
+
+async def test_repeats_spilled_across_runs_are_all_counted_and_the_first_ones_reported() -> None:
+    validator = InputValidator(ENDPOINT, {"m": 1024}, 10_000, max_reported_errors=5)
+    validator._custom_ids = CustomIdCheck(run_bytes=4096)  # a few dozen records per run: many runs
+    items = [line(f"id-{i % 700}") for i in range(2000)]
+    report = await validator.run(file_request_lines(items))
+    assert report.error_count == 2000 - 700
+    assert [e.line for e in report.errors] == [701, 702, 703, 704, 705]
+    assert {e.code for e in report.errors} == {"duplicate_custom_id"}
