@@ -37,6 +37,8 @@ BATCHES = Collection(
     (
         # Newest-first pages of a project's batches (BatchStore.page).
         IndexModel([("project", ASCENDING), ("sort_key", DESCENDING)]),
+        # The same filtered by status (``GET /v1/batches?status=``, the console's refresh).
+        IndexModel([("project", ASCENDING), ("status", ASCENDING), ("sort_key", DESCENDING)]),
         # The dispatch queue, the expiry sweep, the in-progress and unfinished-work scans.
         IndexModel([("status", ASCENDING)]),
     ),

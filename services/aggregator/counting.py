@@ -42,6 +42,11 @@ from shared.result_chunks import encode_chunk
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.stores.batches import BatchStore, LiveCounts
 
+PROGRESS_MIN_INTERVAL_S = 1.0
+"""At most one progress sample per batch per this many seconds."""
+PROGRESS_AGE_DIVISOR = 300
+"""... and per the batch's age divided by this (600 kept samples span most of a long batch)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -191,13 +196,22 @@ class ChunkWriter:
 
 
 class CountsFlusher:
-    """Dirty batches' request counts and usage, written to MongoDB once per flush."""
+    """Dirty batches' request counts and usage, written to MongoDB once per flush.
 
-    def __init__(self, batches: BatchStore, states: Mapping[str, Any]) -> None:
+    Each write may also append a progress sample (the console's plot). Samples thin out as a batch
+    ages, one per ``max(PROGRESS_MIN_INTERVAL_S, age / PROGRESS_AGE_DIVISOR)`` (age: since this
+    process first counted the batch), so the kept ones span most of a long batch.
+    """
+
+    def __init__(
+        self, batches: BatchStore, states: Mapping[str, Any], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._batches = batches
         self._states = states
         self._dirty: set[str] = set()
         self._lock = asyncio.Lock()
+        self._clock = clock
+        self._sampled: dict[str, tuple[float, float]] = {}  # batch -> (first counted, last sample)
 
     def mark(self, batch_id: str) -> None:
         self._dirty.add(batch_id)
@@ -227,8 +241,20 @@ class CountsFlusher:
     def _counts(self, batch_id: str) -> LiveCounts | None:
         raw = self._states.get(batch_id)
         if raw is None:  # finalized and forgotten meanwhile
+            self._sampled.pop(batch_id, None)
             return None
         state = BatchState.from_dict(raw)
         # seen_lines: for the api's dispatcher, which lines have a result (zlib bitmap bytes).
         seen = base64.b64decode(raw.get("seen") or "")
-        return LiveCounts(state.completed, state.failed, state.usage_document(), seen)
+        return LiveCounts(
+            state.completed, state.failed, state.usage_document(), seen, self._sample_due(batch_id)
+        )
+
+    def _sample_due(self, batch_id: str) -> bool:
+        now = self._clock()
+        first, last = self._sampled.get(batch_id, (now, float("-inf")))
+        if now - last < max(PROGRESS_MIN_INTERVAL_S, (now - first) / PROGRESS_AGE_DIVISOR):
+            self._sampled.setdefault(batch_id, (first, last))
+            return False
+        self._sampled[batch_id] = (first, now)
+        return True

@@ -46,20 +46,22 @@ class SortedRuns:
 
     def _read_run(self, offset: int, size: int) -> Iterator[bytes]:
         assert self._spill is not None
-        spill, end, pending, at = self._spill, offset + size, b"", offset
+        spill, end, at = self._spill, offset + size, offset
+        buffer, pos = b"", 0  # records are read at ``pos``; the buffer is cut once per chunk read
         while True:
-            while len(pending) >= _LENGTH.size:
-                (length,) = _LENGTH.unpack_from(pending)
-                if len(pending) < _LENGTH.size + length:
+            while len(buffer) - pos >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(buffer, pos)
+                start = pos + _LENGTH.size
+                if len(buffer) < start + length:
                     break
-                yield pending[_LENGTH.size : _LENGTH.size + length]
-                pending = pending[_LENGTH.size + length :]
+                yield buffer[start : start + length]
+                pos = start + length
             if at >= end:
                 return
             spill.seek(at)
             chunk = spill.read(min(1 << 20, end - at))
             at += len(chunk)
-            pending += chunk
+            buffer, pos = buffer[pos:] + chunk, 0
 
     def sorted(self) -> Iterator[bytes]:
         """Every record in byte order (may be walked more than once)."""

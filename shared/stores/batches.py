@@ -89,6 +89,7 @@ class LiveCounts:
     failed: int
     usage: Mapping[str, Any]
     seen_lines: bytes | None = None  # the seen-lines bitmap, for the api's dispatcher (lost lines)
+    sample: bool = True  # also append these counts to the batch's progress history
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,11 @@ class BatchSummary:
     def settled(self) -> bool:
         """True when a cached copy can be trusted (total known, or the batch is over)."""
         return self.terminal or (self.status in lifecycle.RUNNING and self.total > 0)
+
+
+def _sample(now: float, counts: LiveCounts) -> Document:
+    """A ``$push`` of one progress sample, keeping the newest ``PROGRESS_SAMPLES``."""
+    return {"$each": [[now, counts.completed, counts.failed]], "$slice": -PROGRESS_SAMPLES}
 
 
 def _now() -> int:
@@ -310,8 +316,9 @@ class BatchStore:
     async def live_counts(self, counts: Mapping[str, LiveCounts]) -> int:
         """Write the counts so far of many batches in one bulk request; returns the batches sent.
 
-        Absolute values (``$set``), so a flush repeated after a crash is harmless; only batches
-        still counting are written (a finished batch keeps its final counts).
+        Absolute values (``$set``), so a flush repeated after a crash is harmless (it may add one
+        more progress sample); only batches still counting are written (a finished batch keeps its
+        final counts).
         """
         if not counts:
             return 0
@@ -328,9 +335,18 @@ class BatchStore:
                         **({"seen_lines": c.seen_lines} if c.seen_lines is not None else {}),
                     },
                     # A bounded history for the progress plot, on the same write.
-                    "$push": {
-                        "progress": {"$each": [[now, c.completed, c.failed]], "$slice": -PROGRESS_SAMPLES}
-                    },
+                    **(
+                        {
+                            "$push": {
+                                "progress": {
+                                    "$each": [[now, c.completed, c.failed]],
+                                    "$slice": -PROGRESS_SAMPLES,
+                                }
+                            }
+                        }
+                        if c.sample
+                        else {}
+                    ),
                 },
             )
             for batch_id, c in counts.items()
@@ -369,12 +385,17 @@ class BatchStore:
                     "batches": {"$sum": 1},
                     "queued": {
                         "$sum": {
-                            "$subtract": [
-                                {"$ifNull": ["$request_counts.total", 0]},
+                            "$max": [
+                                0,
                                 {
-                                    "$add": [
-                                        {"$ifNull": ["$request_counts.completed", 0]},
-                                        {"$ifNull": ["$request_counts.failed", 0]},
+                                    "$subtract": [
+                                        {"$ifNull": ["$request_counts.total", 0]},
+                                        {
+                                            "$add": [
+                                                {"$ifNull": ["$request_counts.completed", 0]},
+                                                {"$ifNull": ["$request_counts.failed", 0]},
+                                            ]
+                                        },
                                     ]
                                 },
                             ]
@@ -384,7 +405,7 @@ class BatchStore:
             },
         ]
         rows = await (await self._batches.aggregate(pipeline)).to_list()
-        return {str(r["_id"]): (int(r["batches"]), max(0, int(r["queued"]))) for r in rows if r["_id"]}
+        return {str(r["_id"]): (int(r["batches"]), int(r["queued"])) for r in rows if r["_id"]}
 
     async def usage_by_day(self, project: str, since: int) -> list[Document]:
         """The project's batches created since ``since`` (unix s), summed per model and UTC day:

@@ -74,7 +74,7 @@ class ModelStore:
                 "input": {"$ifNull": ["$workers", []]},
                 "cond": {
                     "$and": [
-                        {"$ne": ["$$this.id", worker]},
+                        {"$ne": ["$$this.id", {"$literal": worker}]},
                         {"$gt": ["$$this.last_seen", now - WORKER_FORGOTTEN_S]},
                     ]
                 },
@@ -89,7 +89,9 @@ class ModelStore:
                         "endpoints": {"$literal": endpoints},
                         "last_seen": now,
                         "created": {"$ifNull": ["$created", int(now)]},
-                        "workers": {"$concatArrays": [others, [{"id": worker, "last_seen": now}]]},
+                        "workers": {
+                            "$concatArrays": [others, [{"id": {"$literal": worker}, "last_seen": now}]]
+                        },
                     }
                 }
             ],

@@ -257,6 +257,9 @@ def test_cancel_asks_first_then_cancels_a_running_batch(
     console.shot("cancel-confirmation", full_page=False)
     dialog.get_by_role("button", name="Keep").click()
     expect(dialog).to_be_hidden()
+    page.get_by_role("button", name="Cancel batch").click()
+    page.keyboard.press("Escape")  # the keyboard's way out: nothing happens either
+    expect(dialog).to_be_hidden()
     assert http.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress"
     page.get_by_role("button", name="Cancel batch").click()
     dialog.get_by_role("button", name="Cancel batch").click()
@@ -298,6 +301,8 @@ def test_status_filter_files_models_and_usage_pages(
     page = console.login()
     page.get_by_label("Status").select_option("failed")
     expect(page).to_have_url(f"{console.url}#/batches?status=failed&size=100")
+    expect(page.locator("main p.muted").first).not_to_have_text("Loading…")  # the list has loaded
+    assert page.locator("#batches tbody tr").count() >= 1  # the validation test's failed batch
     statuses = page.locator("#batches tbody tr").evaluate_all("rows => rows.map(r => r.dataset.status)")
     assert set(statuses) <= {"failed"}
     expect(page.locator(f"tr[data-id='{batch_id}']")).to_have_count(0)
@@ -343,7 +348,19 @@ def test_every_page_is_usable_by_keyboard(console: Console) -> None:
         link.focus()
         page.keyboard.press("Enter")
         expect(page.get_by_role("heading", name=name)).to_be_visible()
+    # The skip link: first in the tab order, it moves focus to the content and keeps the page.
+    page.locator("#nav").get_by_role("link", name="Files").focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Files")).to_be_visible()
+    page.locator("body").focus()
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("main")).to_be_focused()
+    expect(page.get_by_role("heading", name="Files")).to_be_visible()
     page.set_viewport_size(PHONE)
+    page.locator("#nav").get_by_role("link", name="New batch").click()
     console.shot("new-batch-390px")
 
 

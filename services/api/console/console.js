@@ -6,7 +6,7 @@ const KEY_STORAGE = "batchstream.console.key";
 const POLL_MS = 1000;
 const API_PAGE = 100; // the list endpoints' largest page
 
-const state = { key: localStorage.getItem(KEY_STORAGE) || "", config: null, view: 0, timers: [] };
+const state = { key: localStorage.getItem(KEY_STORAGE) || "", config: null, view: 0, timers: [], flash: "" };
 
 // ------------------------------------------------------------------ helpers
 
@@ -127,8 +127,14 @@ function confirmDialog(text, confirmLabel) {
   });
 }
 
-// Downloads go through fetch (the key is a header, not a cookie) and a blob link.
+// Downloads go through fetch (the key is a header, not a cookie) and a blob link; a failure is
+// shown at the top of the page.
 async function download(fileId, fallbackName) {
+  try { await fetchDownload(fileId, fallbackName); }
+  catch (err) { if (err.status !== 401) main().prepend(notice(`Download failed: ${err.message}`)); }
+}
+
+async function fetchDownload(fileId, fallbackName) {
   const meta = await api(`/v1/files/${encodeURIComponent(fileId)}`);
   const response = await api(`/v1/files/${encodeURIComponent(fileId)}/content`, { raw: true });
   const url = URL.createObjectURL(await response.blob());
@@ -139,15 +145,17 @@ async function download(fileId, fallbackName) {
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
 
-// A page's repeated refresh; stopped when the view changes.
-function every(ms, fn, view) {
+// A page's repeated refresh (the first run at once when ``now``); one run at a time, stopped when
+// the view changes.
+function every(ms, fn, view, now = false) {
   let busy = false;
-  const timer = setInterval(async () => {
+  const tick = async () => {
     if (busy || view !== state.view) return;
     busy = true;
     try { await fn(); } catch (err) { if (err.status !== 401) console.warn(err); } finally { busy = false; }
-  }, ms);
-  state.timers.push(timer);
+  };
+  state.timers.push(setInterval(tick, ms));
+  if (now) tick();
 }
 
 function setPage(title, ...content) {
@@ -159,12 +167,20 @@ function setPage(title, ...content) {
 
 function logout(message) {
   state.key = "";
+  state.flash = message || "";
   localStorage.removeItem(KEY_STORAGE);
-  location.hash = "#/login";
-  route(message);
+  go("#/login");
 }
 
-function loginPage(message) {
+// Show ``hash``: through hashchange when it changes, at once when it is already the address.
+function go(hash) {
+  if (location.hash === hash) route();
+  else location.hash = hash;
+}
+
+function loginPage() {
+  const message = state.flash;
+  state.flash = "";
   const input = h("input", { type: "password", id: "key", name: "key", autocomplete: "off", required: true });
   const error = h("div", { "aria-live": "polite" }, message ? notice(message) : null);
   const form = h("form", {
@@ -174,7 +190,7 @@ function loginPage(message) {
       try {
         await fetchModelsOrThrow();
         localStorage.setItem(KEY_STORAGE, state.key);
-        location.hash = "#/batches";
+        go(location.hash && !location.hash.startsWith("#/login") ? location.hash : "#/batches");
       } catch (err) {
         state.key = "";
         error.replaceChildren(notice(err.status === 401 ? "Incorrect API key." : err.message));
@@ -287,7 +303,9 @@ function batchesPage(query, view) {
       if (added.length && added.length === head.length && shown.size) return reload(); // too many new ones
       fresh.push(...head);
       if (added.length) {
-        shown = new Map([...added.map((b) => [b.id, b]), ...shown]);
+        // The newest page in its own order, then the older rows already shown.
+        const inHead = new Set(head.map((b) => b.id));
+        shown = new Map([...head.map((b) => [b.id, b]), ...[...shown].filter(([id]) => !inHead.has(id))]);
         if (shown.size > size) { shown = new Map([...shown].slice(0, size)); hasMore = true; }
       }
     }
@@ -311,6 +329,8 @@ function batchesPage(query, view) {
       fresh.push(...got.filter(Boolean));
     }
     for (const b of fresh) if (shown.has(b.id)) shown.set(b.id, b);
+    // Under a status filter, a batch that moved on leaves the list (as a reload would show it).
+    if (status) for (const [id, b] of shown) if (!status.split(",").includes(b.status)) shown.delete(id);
   };
 
   let loaded = false;
@@ -344,8 +364,9 @@ function batchesPage(query, view) {
     // Read by the console benchmark (bench/console.py): fetch, compare and redraw, per refresh.
     performance.measure("batches-refresh", { start: started });
   };
-  refresh().catch((err) => summary.replaceChildren(notice(err.message)));
-  every(POLL_MS, refresh, view);
+  every(POLL_MS, async () => {
+    try { await refresh(); } catch (err) { if (!loaded) summary.replaceChildren(notice(err.message)); throw err; }
+  }, view, true);
 }
 
 // The plot: completed and failed lines over time, an inline SVG.
@@ -405,18 +426,26 @@ function errorLinesSection(batchId, view) {
   const more = h("button", { type: "button", hidden: true }, "Show more");
   const customId = h("input", { type: "search", name: "custom_id", id: "search-custom-id", placeholder: "contains…" });
   const code = h("input", { type: "search", name: "code", id: "search-code", placeholder: "e.g. batch_cancelled or 400" });
-  let offset = 0, shown = 0;
+  let offset = 0, shown = 0, asked = 0;
   const table = h("div", { class: "scroll", hidden: true }, h("table", {},
     h("thead", {}, h("tr", {}, h("th", { class: "num wide" }, "#"), h("th", {}, "custom_id"),
       h("th", {}, "Code"), h("th", { class: "num wide" }, "HTTP"), h("th", {}, "Message"))), rows));
 
   const load = async (reset) => {
-    if (reset) { offset = 0; shown = 0; rows.replaceChildren(); }
-    const params = new URLSearchParams({ offset: String(offset), limit: "50" });
+    const ask = ++asked; // a newer request makes this one's answer stale
+    const from = reset ? 0 : offset;
+    const params = new URLSearchParams({ offset: String(from), limit: "50" });
     if (customId.value.trim()) params.set("custom_id", customId.value.trim());
     if (code.value.trim()) params.set("code", code.value.trim());
-    const page = await api(`/v1/batches/${batchId}/error_lines?${params}`);
-    if (view !== state.view) return;
+    let page;
+    try {
+      page = await api(`/v1/batches/${encodeURIComponent(batchId)}/error_lines?${params}`);
+    } catch (err) {
+      if (ask === asked && view === state.view) status.replaceChildren(notice(err.message));
+      return;
+    }
+    if (ask !== asked || view !== state.view) return;
+    if (reset) { offset = 0; shown = 0; rows.replaceChildren(); }
     for (const line of page.data) {
       rows.append(h("tr", { "data-custom-id": line.custom_id },
         h("td", { class: "num wide" }, line.line),
@@ -440,7 +469,8 @@ function errorLinesSection(batchId, view) {
   const section = h("section", { id: "error-lines" },
     h("h2", {}, "Error lines"), form, status,
     table, more);
-  return { section, load };
+  const untouched = () => offset <= 50 && !rows.querySelector("details[open]");
+  return { section, load, untouched };
 }
 
 function batchPage(batchId, view) {
@@ -449,7 +479,7 @@ function batchPage(batchId, view) {
   const errors = errorLinesSection(batchId, view);
   // Parts that hold focusable controls are rebuilt only when they change (focus stays put).
   const heading = h("div", {}), actionsBox = h("div", {}), details = h("div", {});
-  let failedSeen = -1, endedSeen = false, actionsKey = "", laidOut = false;
+  let failedSeen = -1, endedSeen = false, actionsKey = "", laidOut = false, errorsLoadedAt = 0;
 
   const render = async () => {
     const [batch, progress] = await Promise.all([
@@ -502,10 +532,16 @@ function batchPage(batchId, view) {
         h("section", { class: "card" }, h("h2", {}, "Defaults"), kv(defaults))),
       h("h2", {}, "Lines over time"),
       progressPlot(progress, batch)].filter(Boolean));
-    if (c.failed !== failedSeen || (ended && !endedSeen)) {
+    // Error lines: at first, at the end, and while failures rise at most every 5 s, unless the
+    // reader has paged further or opened a line (their view is not pulled from under them).
+    const now = Date.now();
+    const due = failedSeen < 0 || (ended && !endedSeen)
+      || (c.failed !== failedSeen && now - errorsLoadedAt >= 5000 && errors.untouched());
+    if (due) {
       failedSeen = c.failed;
       endedSeen = ended;
-      await errors.load(true);
+      errorsLoadedAt = now;
+      errors.load(true); // not awaited: the page's refresh does not wait on the search
     }
     return ended;
   };
@@ -579,7 +615,7 @@ function newBatchPage(view) {
         });
         location.hash = `#/batches/${batch.id}`;
       } catch (err) {
-        if (view === state.view) result.replaceChildren(notice(err.error.param ? `${err.message} (${err.error.param})` : err.message));
+        if (view === state.view) result.replaceChildren(notice(err.error?.param ? `${err.message} (${err.error.param})` : err.message));
       } finally {
         submit.disabled = false;
       }
@@ -652,11 +688,12 @@ function modelsPage(view) {
     const page = await api("/v1/models?include=status");
     if (view !== state.view) return;
     const now = Date.now() / 1000;
+    const open = new Set([...tbody.querySelectorAll("details[open]")].map((d) => d.closest("tr").dataset.id));
     tbody.replaceChildren(...page.data.map((m) => {
       const alive = m.workers.filter((w) => w.alive).length;
       return h("tr", { "data-id": m.id },
         h("td", { class: "id" }, m.id),
-        h("td", {}, h("details", {}, h("summary", {}, `${alive} alive of ${m.workers.length}`),
+        h("td", {}, h("details", { open: open.has(m.id) }, h("summary", {}, `${alive} alive of ${m.workers.length}`),
           h("ul", {}, m.workers.map((w) => h("li", {}, h("span", { class: w.alive ? "dot alive" : "dot", "aria-hidden": "true" }),
             `${w.id}: ${w.alive ? "alive" : "silent"}, seen ${fmtDuration(now - w.last_seen)} ago`))))),
         h("td", { class: "num" }, fmtInt(m.running_batches)),
@@ -665,8 +702,9 @@ function modelsPage(view) {
     }));
     summary.textContent = page.data.length ? `${page.data.length} model${page.data.length === 1 ? "" : "s"} announced by workers.` : "No worker has announced a model yet.";
   };
-  load().catch((err) => summary.replaceChildren(notice(err.message)));
-  every(2 * POLL_MS, load, view);
+  every(2 * POLL_MS, async () => {
+    try { await load(); } catch (err) { summary.replaceChildren(notice(err.message)); throw err; }
+  }, view, true);
 }
 
 function usagePage(query, view) {
@@ -695,12 +733,16 @@ function usagePage(query, view) {
 
 // ------------------------------------------------------------------ routing
 
+function safeDecode(text) {
+  try { return decodeURIComponent(text); } catch (_) { return text; }
+}
+
 function stopTimers() {
   for (const timer of state.timers) clearInterval(timer);
   state.timers = [];
 }
 
-function route(message) {
+function route() {
   stopTimers();
   state.view += 1;
   const view = state.view;
@@ -716,8 +758,8 @@ function route(message) {
     if (link.dataset.section === section) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
-  if (!loggedIn || section === "login") return loginPage(message);
-  if (section === "batches" && parts[1]) return batchPage(decodeURIComponent(parts[1]), view);
+  if (!loggedIn || section === "login") return loginPage();
+  if (section === "batches" && parts[1]) return batchPage(safeDecode(parts[1]), view);
   if (section === "new") return newBatchPage(view);
   if (section === "files") return filesPage(query, view);
   if (section === "models") return modelsPage(view);
@@ -728,7 +770,12 @@ function route(message) {
 async function start() {
   state.config = await (await fetch("/console/config.json")).json();
   document.getElementById("logout").addEventListener("click", () => logout());
-  window.addEventListener("hashchange", () => { route(); main().focus({ preventScroll: true }); });
+  // The skip link moves focus, not the address (which names the page shown).
+  document.querySelector(".skip").addEventListener("click", (event) => { event.preventDefault(); main().focus(); });
+  window.addEventListener("hashchange", () => {
+    route();
+    if (!document.activeElement || document.activeElement === document.body) main().focus({ preventScroll: true });
+  });
   route();
 }
 

@@ -52,7 +52,7 @@ BLOCK_BYTES = 256
 MAX_BLOCKS = 16  # 4 KiB of a prompt take part in the key
 DIGEST = 4  # CRC-32 of the prefix
 KEY_BYTES = MAX_BLOCKS * DIGEST
-RUN_BYTES = 32 * 1024 * 1024
+RUN_BYTES = 8 * 1024 * 1024
 # Before each line of the order: input byte offset, length, line number, group id (0: none), rank.
 HEADER = struct.Struct("<QIIQI")
 _KEY_TEXT = BLOCK_BYTES * MAX_BLOCKS

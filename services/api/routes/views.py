@@ -32,7 +32,7 @@ Overview = Annotated[OverviewService, Depends(_overview)]
 
 @router.get("/v1/batches/{batch_id}/progress", response_model=BatchProgress, responses=errors(404))
 async def batch_progress(project: Project, overview: Overview, batch_id: str) -> BatchProgress:
-    """Completed and failed lines over time: one sample per live counts update (the newest 600)."""
+    """Completed and failed lines over time, sampled with the live counts (the newest samples kept)."""
     return await overview.progress(project, batch_id)
 
 

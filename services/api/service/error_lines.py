@@ -3,7 +3,8 @@
 Reads the same stream as ``partial_output?kind=error`` (the result chunks while the batch runs,
 the error file once it ended) one line at a time and keeps only the page asked for: memory does
 not grow with the error file. A page further on reads the lines before it again; the first page,
-the one a person opens, reads only as far as it shows.
+the one a person opens, reads only as far as it shows (while the batch runs, the results stored so
+far are read from the first, output lines included, until the page is full).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from services.api.service.partial import PartialOutputService
 from shared.input_lines import split_lines
 from shared.protocol.extensions import ErrorLine, ErrorLinesPage
 
+UNREADABLE = "unreadable_line"
+"""The code shown for an error-file line that is not a JSON object."""
+
 
 def describe(position: int, raw: bytes) -> ErrorLine:
     """An error-file line with the code and message it is shown and searched by.
@@ -22,9 +26,15 @@ def describe(position: int, raw: bytes) -> ErrorLine:
     A line that never ran has ``error: {code, message}``; one the engine refused has the engine's
     envelope in ``response.body.error`` (vLLM: ``type`` is the name, ``code`` the HTTP status).
     """
-    doc: dict[str, Any] = json.loads(raw)
-    error = doc.get("error") or {}
-    response = doc.get("response") or {}
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):  # not what finalize writes; shown, not a 500
+        text = raw.decode("utf-8", "replace")
+        return ErrorLine(line=position, custom_id="", code=UNREADABLE, message=text[:200], raw={"line": text})
+    error: dict[str, Any] = doc["error"] if isinstance(doc.get("error"), dict) else {}
+    response: dict[str, Any] = doc["response"] if isinstance(doc.get("response"), dict) else {}
     body = response.get("body")
     engine_error: dict[str, Any] = {}
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
@@ -71,20 +81,22 @@ class ErrorLinesService:
         found: list[ErrorLine] = []
         matched = position = 0
         has_more = False
-        async for raw in split_lines(stream):
-            if not raw.strip():
-                continue
-            position += 1
-            line = describe(position, raw)
-            if not matches(line, custom_id, code):
-                continue
-            matched += 1
-            if matched <= offset:
-                continue
-            if len(found) == limit:
-                has_more = True
-                break
-            found.append(line)
-        if hasattr(stream, "aclose"):
-            await stream.aclose()
+        try:
+            async for raw in split_lines(stream):
+                if not raw.strip():
+                    continue
+                position += 1
+                line = describe(position, raw)
+                if not matches(line, custom_id, code):
+                    continue
+                matched += 1
+                if matched <= offset:
+                    continue
+                if len(found) == limit:
+                    has_more = True
+                    break
+                found.append(line)
+        finally:
+            if hasattr(stream, "aclose"):
+                await stream.aclose()
         return ErrorLinesPage(data=found, has_more=has_more, next_offset=offset + limit if has_more else None)

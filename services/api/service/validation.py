@@ -17,11 +17,14 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from services.api.dispatch.order import RUN_BYTES, OrderBuilder, prompt_text
+from services.api.dispatch.order import OrderBuilder, prompt_text
 from services.api.spill import SortedRuns
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
+
+ID_RUN_BYTES = 8 * 1024 * 1024
+"""Memory for the custom_id records sorted at a time (about 80,000 lines' worth)."""
 
 
 class CustomIdCheck:
@@ -30,7 +33,7 @@ class CustomIdCheck:
     id's lines together, the first in the file before its repeats. Ids are compared in full, so
     a digest collision costs nothing but order."""
 
-    def __init__(self, run_bytes: int = RUN_BYTES) -> None:
+    def __init__(self, run_bytes: int = ID_RUN_BYTES) -> None:
         self._runs = SortedRuns(run_bytes)
         self.repeat_count = 0
 

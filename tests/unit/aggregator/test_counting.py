@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
 
-from services.aggregator.counting import ChunkProcessor, decode_results
+from services.aggregator.counting import PROGRESS_AGE_DIVISOR, ChunkProcessor, CountsFlusher, decode_results
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.kafka import encode
@@ -132,3 +133,35 @@ async def test_a_batch_ended_by_a_finalize_during_the_write_keeps_no_chunk_and_n
     await processor.process([raw("b1", 1), raw("b1", 2)])
     assert writer.discarded == ["key-1"]
     assert "b1" not in states and not counts.dirty and not finalized
+
+
+class RecordingBatchStore:
+    """Keeps what ``live_counts`` was asked to write (no database: the sampling rule alone)."""
+
+    def __init__(self) -> None:
+        self.writes: list[dict[str, Any]] = []
+
+    async def live_counts(self, counts: dict[str, Any]) -> int:
+        self.writes.append(dict(counts))
+        return len(counts)
+
+
+async def test_progress_samples_thin_out_as_a_batch_ages_with_a_fake_clock() -> None:
+    store, now = RecordingBatchStore(), [1000.0]
+    states = {"b": BatchState().to_dict()}
+    flusher = CountsFlusher(store, states, clock=lambda: now[0])  # type: ignore[arg-type]
+    sampled_at = []
+    for step in range(3000):  # one flush every 0.25 s for 750 s
+        now[0] = 1000.0 + step * 0.25
+        flusher.mark("b")
+        await flusher.flush()
+        if store.writes[-1]["b"].sample:
+            sampled_at.append(now[0] - 1000.0)
+    gaps = [b - a for a, b in itertools.pairwise(sampled_at)]
+    assert sampled_at[0] == 0.0 and min(gaps) >= 1.0  # never more than one a second
+    assert gaps[-1] >= (sampled_at[-1] / PROGRESS_AGE_DIVISOR) - 0.25  # sparser with age
+    assert 300 < len(sampled_at) < 600  # 750 s of flushes fit in the kept samples
+    states.pop("b")  # finalized: the sampling memory goes with the state
+    flusher.mark("b")
+    await flusher.flush()
+    assert flusher._sampled == {}

@@ -4,12 +4,14 @@ and which workers count as alive."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from services.api.routes.batches import parse_statuses
 from services.api.routes.console import console_config
-from services.api.service.error_lines import describe, matches
+from services.api.service.error_lines import ErrorLinesService, describe, matches
 from shared.errors import InvalidRequest
 from shared.stores.models import WORKER_ALIVE_S, worker_statuses
 
@@ -91,3 +93,54 @@ def test_the_new_batch_form_gets_every_default_with_its_bounds() -> None:
     assert (temperature["minimum"], temperature["maximum"]) == (0, 2)
     assert config["priority"] == {"minimum": -100, "maximum": 100}
     assert "completed" in config["terminal"] and "in_progress" not in config["terminal"]
+
+
+class FakePartialOfLines:
+    """Stands in for the partial-output service: the error stream is these lines, in chunks."""
+
+    def __init__(self, lines: list[bytes]) -> None:
+        self.data = b"\n".join(lines) + b"\n"
+
+    async def open(self, project: str, batch_id: str, kind: str) -> Any:
+        async def chunks() -> AsyncIterator[bytes]:
+            for at in range(0, len(self.data), 7):  # lines split across chunks
+                yield self.data[at : at + 7]
+
+        return chunks()
+
+
+def error_lines(count: int) -> list[bytes]:
+    lines = []
+    for i in range(count):
+        doc = dict(NEVER_RAN if i % 3 == 0 else ENGINE_REFUSED, custom_id=f"id-{i}")
+        lines.append(json.dumps(doc).encode())
+    return lines
+
+
+async def test_error_line_pages_follow_one_another_without_a_gap_or_a_repeat() -> None:
+    service = ErrorLinesService(FakePartialOfLines(error_lines(10)))  # type: ignore[arg-type]
+    first = await service.page("p", "b", offset=0, limit=4)
+    assert [line.custom_id for line in first.data] == ["id-0", "id-1", "id-2", "id-3"]
+    assert (first.has_more, first.next_offset) == (True, 4)
+    rest = await service.page("p", "b", offset=4, limit=6)
+    assert [line.custom_id for line in rest.data] == [f"id-{i}" for i in range(4, 10)]
+    assert (rest.has_more, rest.next_offset) == (False, None)
+    beyond = await service.page("p", "b", offset=50, limit=5)
+    assert beyond.data == [] and not beyond.has_more
+
+
+async def test_a_search_pages_through_its_matches_only() -> None:
+    service = ErrorLinesService(FakePartialOfLines(error_lines(10)))  # type: ignore[arg-type]
+    cancelled = await service.page("p", "b", offset=0, limit=2, code="batch_cancelled")
+    assert [line.custom_id for line in cancelled.data] == ["id-0", "id-3"]
+    assert cancelled.next_offset == 2
+    more = await service.page("p", "b", offset=2, limit=2, code="batch_cancelled")
+    assert [line.custom_id for line in more.data] == ["id-6", "id-9"] and not more.has_more
+    one = await service.page("p", "b", offset=0, limit=5, custom_id="id-7")
+    assert [line.line for line in one.data] == [8]
+
+
+async def test_a_line_that_is_not_a_json_object_is_shown_not_a_failure() -> None:
+    service = ErrorLinesService(FakePartialOfLines([b"[1, 2]", b"{broken", *error_lines(1)]))  # type: ignore[arg-type]
+    page = await service.page("p", "b", offset=0, limit=5)
+    assert [line.code for line in page.data] == ["unreadable_line", "unreadable_line", "batch_cancelled"]
