@@ -147,10 +147,12 @@ class ApiSettings(BaseSettings):
     ``default``); hashed at start-up. The default is refused outside development."""
     max_file_bytes: int = 512 * 1024 * 1024
     """Largest upload in bytes (OpenAI's 512 MiB); larger ones answer 413."""
-    max_batch_input_bytes: int = 200 * 1024 * 1024
-    """Largest ``purpose=batch`` upload in bytes (OpenAI's 200 MiB)."""
-    max_batch_lines: int = 50_000
-    """Most request lines in a batch input file; more fail the batch with ``too_many_tasks``."""
+    max_batch_input_bytes: int = 2 * 1024**3
+    """Largest ``purpose=batch`` upload in bytes (2 GiB; OpenAI's is 200 MB); larger ones answer
+    413 naming the limit."""
+    max_batch_lines: int = 1_000_000
+    """Most request lines in a batch input file (OpenAI's is 50,000); more fail the batch with
+    ``too_many_tasks`` naming the limit."""
     max_reported_errors: int = 1000
     """Most entries in a failed batch's ``errors.data`` (the log gives the full count of bad lines)."""
     create_dedupe_window_s: float = 60.0

@@ -21,6 +21,7 @@ from tests.integration.api.corpus import (
     BYTE_CAP,
     CHAT,
     FILE_CASES,
+    LINE_CAP,
     MODEL,
     REQUEST_CASES,
     FileCase,
@@ -40,6 +41,7 @@ def corpus_stack(own_stack: OwnStack) -> Iterator[Stack]:
     env = {
         **FAKE_STACK_ENV,
         "BATCHSTREAM_API_MAX_BATCH_INPUT_BYTES": str(BYTE_CAP),
+        "BATCHSTREAM_API_MAX_BATCH_LINES": str(LINE_CAP),
         "BATCHSTREAM_API_MAX_FILE_BYTES": str(BYTE_CAP),
     }
     with own_stack("corpus", ["api", "aggregator", model.component], models=[model], extra_env=env) as stack:

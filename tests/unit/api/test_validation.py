@@ -82,6 +82,7 @@ async def test_an_empty_file_fails() -> None:
 async def test_too_many_lines_fail_the_batch() -> None:
     report = await validate([line(str(i)) for i in range(4)], max_lines=3)
     assert codes(report) == [(None, "too_many_tasks", None)]
+    assert report.errors[0].message == "The input file has 4 lines; the limit is 3."
 
 
 async def test_reported_errors_are_capped_but_all_are_counted() -> None:
