@@ -18,9 +18,10 @@ from tenacity import AsyncRetrying, stop_after_delay, wait_random_exponential
 
 from shared.kafka import ensure_topics, wait_for_kafka
 from shared.mongo import Mongo
+from shared.result_chunks import ChunkTally, usage_document
 from shared.settings import KafkaSettings, MongoSettings, StorageSettings
 from shared.storage import ObjectStore, result_chunk_prefix
-from shared.stores.batches import BatchStore
+from shared.stores.batches import BatchStore, LiveCounts
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +70,15 @@ if __name__ == "__main__":
     main()
 
 
-async def requeue_in_flight(mongo: MongoSettings, storage: StorageSettings) -> list[str]:
-    """Make batches that were running when the broker lost its data run again from the start.
+async def resume_in_flight(mongo: MongoSettings, storage: StorageSettings) -> list[str]:
+    """Resume the batches that were running when the broker lost its data, from their stored results.
 
     A memory-only broker (the local stack's) forgets every request, result and offset when it
-    stops. Batches still ``in_progress`` in MongoDB are marked not yet emitted, their partial
-    results and counts dropped, so the api publishes all their lines again on start; the
-    aggregator's state went with the broker, so every line is counted once from scratch.
+    stops, and the aggregator's state goes with it. The results already stored in a batch's chunks
+    are kept: they give its counts, usage and the lines that have a result
+    (``shared.result_chunks.ChunkTally``). The batch is marked ``resumed``; the api's dispatcher
+    sends only its other lines, from the start of the file, and the aggregator counts on from
+    the stored counts. A line in flight at the loss is sent again; nothing answered is.
     """
     db = Mongo(mongo)
     batches = BatchStore(db.batches)
@@ -83,12 +86,21 @@ async def requeue_in_flight(mongo: MongoSettings, storage: StorageSettings) -> l
     try:
         ids = await batches.in_progress_ids()
         for batch_id in ids:
-            await store.delete_prefix(result_chunk_prefix(batch_id))
-            await batches.requeue(batch_id)
-            # The dispatcher sends every line again from the start of the input file.
+            tally = ChunkTally()
+            for key in sorted(await store.list_keys(result_chunk_prefix(batch_id))):
+                async for raw in store.iter_lines(key):
+                    if raw.strip():
+                        tally.add(raw)
+            counts = LiveCounts(
+                tally.completed, tally.failed, usage_document(tally.usage), tally.seen.compressed()
+            )
+            await batches.resume(batch_id, counts)
+            # The dispatcher reads the input again from its start, passing over answered lines.
             await db.dispatch_positions.delete_one({"_id": batch_id})
-        if ids:
-            log.info("requeued batches the broker forgot", extra={"batches": ids})
+            log.info(
+                "resumed a batch the broker forgot",
+                extra={"batch_id": batch_id, "answered": tally.completed + tally.failed},
+            )
         return ids
     finally:
         await db.close()

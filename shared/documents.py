@@ -21,6 +21,9 @@ Batch internal fields:
   back: the aggregator then ends it without waiting for its cancel timeout.
 - ``seen_lines``: the aggregator's seen-lines bitmap (zlib-compressed bytes, bit ``n - 1`` for
   line ``n``), written with its batched counts flush; the dispatcher reads it to find lost lines.
+- ``resumed``: set when the batch was resumed after the broker lost its messages
+  (``BatchStore.resume``): its counts restart from those its stored result chunks give, the
+  dispatcher does not send the lines ``seen_lines`` marks, the aggregator counts on from them.
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
   of them (the console's plot of lines over time; pushed on the flush's own write).
 
@@ -74,6 +77,7 @@ class BatchDocument(StoredDocument, BatchBase):
     dispatchable: bool = False
     dispatch_settled: bool = False
     seen_lines: bytes | None = None
+    resumed: bool = False
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
 
     def output_files_expire_at(self) -> int | None:

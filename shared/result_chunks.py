@@ -15,7 +15,8 @@ import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from shared.protocol.messages import ResultMessage
+from shared.protocol.messages import ResultMessage, TokenUsage
+from shared.seen_lines import SeenLines
 
 
 class Record(NamedTuple):
@@ -47,3 +48,73 @@ def encode_chunk(results: Iterable[ResultMessage]) -> bytes:
 def parse_record(raw: bytes) -> Record:
     line, succeeded, payload = raw.rstrip(b"\n").split(b" ", 2)
     return Record(int(line), succeeded == b"1", payload)
+
+
+USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
+"""A batch's usage, flat: the aggregator's running sums and ``usage_document``'s input."""
+
+
+def token_sums(usage: TokenUsage | None) -> dict[str, int]:
+    """A line's usage as the batch sums it (``USAGE_KEYS``); empty without usage."""
+    if usage is None:
+        return {}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+    }
+
+
+def usage_document(flat: dict[str, int]) -> dict[str, Any]:
+    """The Batch object's ``usage`` field from the flat sums (``USAGE_KEYS``)."""
+    return {
+        "input_tokens": flat.get("input_tokens", 0),
+        "input_tokens_details": {"cached_tokens": flat.get("cached_tokens", 0)},
+        "output_tokens": flat.get("output_tokens", 0),
+        "output_tokens_details": {"reasoning_tokens": flat.get("reasoning_tokens", 0)},
+        "total_tokens": flat.get("total_tokens", 0),
+    }
+
+
+def usage_flat(document: dict[str, Any] | None) -> dict[str, int]:
+    """The flat sums back from a stored ``usage`` field."""
+    doc = document or {}
+    return {
+        "input_tokens": int(doc.get("input_tokens") or 0),
+        "output_tokens": int(doc.get("output_tokens") or 0),
+        "total_tokens": int(doc.get("total_tokens") or 0),
+        "cached_tokens": int((doc.get("input_tokens_details") or {}).get("cached_tokens") or 0),
+        "reasoning_tokens": int((doc.get("output_tokens_details") or {}).get("reasoning_tokens") or 0),
+    }
+
+
+class ChunkTally:
+    """What a batch's stored chunks say: the lines with a result (each once), counts and usage.
+
+    How a batch resumes after its messages were lost (``deploy/provision.py``): these become its
+    counts, and its lines with a result are not sent again.
+    """
+
+    def __init__(self) -> None:
+        self.seen = SeenLines()
+        self.completed = self.failed = 0
+        self.usage = dict.fromkeys(USAGE_KEYS, 0)
+
+    def add(self, raw: bytes) -> None:
+        record = parse_record(raw)
+        if record.line < 1 or record.line in self.seen:
+            return  # a fill line's placeholder, or a line stored twice (a redelivery)
+        self.seen.add(record.line)
+        if not record.succeeded:
+            self.failed += 1
+            return
+        self.completed += 1
+        try:
+            body = (json.loads(record.payload).get("response") or {}).get("body")
+        except (ValueError, AttributeError):
+            return
+        usage = TokenUsage.from_body_usage(body.get("usage") if isinstance(body, dict) else None)
+        for key, value in token_sums(usage).items():
+            self.usage[key] += value

@@ -13,6 +13,10 @@ from __future__ import annotations
 import base64
 import zlib
 
+MAX_LINE_NUMBER = 16_000_000
+"""The largest input line number (blank lines count) any service takes: validation refuses a file
+with more, and the aggregator drops a result beyond it as corrupt (its bitmap: 2 MB at most)."""
+
 
 class SeenLines:
     """A growable bitmap of 1-based line numbers."""
@@ -45,6 +49,10 @@ class SeenLines:
         if rest and whole < len(self._bits):
             count += (self._bits[whole] & ((1 << rest) - 1)).bit_count()
         return count
+
+    def compressed(self) -> bytes:
+        """zlib-compressed: how a batch document stores it (``seen_lines``)."""
+        return zlib.compress(bytes(self._bits), 6)
 
     def encode(self) -> str:
         """zlib-compressed, base64-encoded: how the aggregator's state table stores it."""

@@ -39,7 +39,7 @@ from deploy.local.errors import StackError
 from deploy.local.ports import Ports
 from deploy.local.probes import wait_ready
 from deploy.local.processes import ProcessRef
-from deploy.provision import provision, requeue_in_flight
+from deploy.provision import provision, resume_in_flight
 from shared.settings import ApiSettings, KafkaSettings, MongoSettings, StorageSettings
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".state"
@@ -279,9 +279,9 @@ class Stack:
         )
         _run(provision(self.kafka_settings(), self.storage_settings(), served, timeout_s))
 
-    def requeue_in_flight(self) -> list[str]:
+    def resume_in_flight(self) -> list[str]:
         """Batches in flight when the broker lost its data run again (``deploy.provision``)."""
-        return _run(requeue_in_flight(self.mongo_settings(), self.storage_settings()))
+        return _run(resume_in_flight(self.mongo_settings(), self.storage_settings()))
 
     def create_key(self, project: str) -> str:
         """A new API key of ``project`` on this stack's database, made the way an operator makes

@@ -7,9 +7,9 @@ assignments after a commit during a rebalance, which is worse for a stack meant 
 at-least-once delivery. What ``up`` does about it: it recreates the topics every time, and when it
 (re)starts the broker it restarts every service (the aggregator with an empty local data dir), so
 no consumer keeps state that refers to offsets the broker no longer has. MongoDB and object-store
-data persist across ``down``/``up``; batches that were in flight when the broker stopped run again
-from the start: ``up`` requeues them (``deploy.provision.requeue_in_flight``) and the api, starting,
-publishes their lines again. ``make clean`` removes all state.
+data persist across ``down``/``up``; batches that were in flight when the broker stopped resume:
+``up`` tallies their stored results (``deploy.provision.resume_in_flight``) and the api, starting,
+publishes only their lines without a result. ``make clean`` removes all state.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def up(stack: Stack, services: Sequence[str]) -> int:
         # changelog records of the state about to be reset) until it is stopped below. Without a
         # grace: with the broker gone there is nothing to hand back or commit, and a worker and an
         # aggregator draining against it took their whole stop timeouts (45 s + 30 s, measured);
-        # their state is reset and the batches requeued anyway.
+        # their state is reset and the batches resumed from their stored results anyway.
         stop_services(stack, timeout_s=BROKER_LOST_STOP_TIMEOUT_S)
     outcomes = stack.start(STAND_INS, strict=False)
     if all(o.ok for o in outcomes):
@@ -53,11 +53,11 @@ def recover_from_broker_loss(stack: Stack) -> None:
     batches again."""
     stop_services(stack)
     stack.reset_aggregator_state()
-    requeued = stack.requeue_in_flight()
-    if requeued:
+    resumed = stack.resume_in_flight()
+    if resumed:
         print(
-            f"the broker had lost its data: {len(requeued)} batch(es) in flight run again from their "
-            f"first line: {', '.join(requeued)}"
+            f"the broker had lost its data: {len(resumed)} batch(es) in flight resume with their lines "
+            f"that have no result yet: {', '.join(resumed)}"
         )
 
 

@@ -6,6 +6,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import replace
 
+from shared.documents import BatchDocument
 from shared.stores.batches import BatchStore, BatchSummary
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,13 @@ class BatchDirectory:
             self._cache.move_to_end(batch_id)
             return info
         return await self.refresh(batch_id)
+
+    async def stored(self, batch_id: str) -> BatchDocument | None:
+        """The whole batch document (a resumed batch's stored counts)."""
+        return await self._batches.get(batch_id)
+
+    async def resumed_ids(self) -> list[str]:
+        return await self._batches.resumed_ids()
 
     async def refresh(self, batch_id: str) -> BatchSummary | None:
         summary = await self._batches.summary(batch_id)

@@ -100,7 +100,12 @@ class ChunkProcessor:
         if info.terminal:
             metrics.LATE_RESULTS_DROPPED.inc(len(results))
             return
-        state = BatchState.from_dict(self._states.get(batch_id))
+        raw = self._states.get(batch_id)
+        if raw is None and info.resumed:  # counts on from what its stored chunks gave
+            stored = await self._directory.stored(batch_id)
+            state = BatchState.resumed(stored) if stored is not None else BatchState()
+        else:
+            state = BatchState.from_dict(raw)
         fresh, duplicates, invalid = state.select_new(results, info.total)
         metrics.DUPLICATES_DROPPED.inc(duplicates)
         if invalid:
@@ -157,6 +162,12 @@ class ChunkProcessor:
         overdue = await self._directory.overdue(time.time(), self._cancel_timeout_s, self._sweep_batch_limit)
         for batch_id in overdue:
             if owns(batch_id):
+                self._finalize.schedule(batch_id)
+                due.append(batch_id)
+        # A resumed batch may have had every result before the broker was lost: no result will
+        # come to make its state; finalize decides from its stored counts (finalize.py).
+        for batch_id in await self._directory.resumed_ids():
+            if batch_id not in due and batch_id not in self._states and owns(batch_id):
                 self._finalize.schedule(batch_id)
                 due.append(batch_id)
         for batch_id in list(self._states.keys()):

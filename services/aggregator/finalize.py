@@ -137,7 +137,8 @@ class Finalizer:
             await self.cleanup(batch_id, status, input_file_id)
             return status
         total = batch.request_counts.total
-        state = BatchState.from_dict(self._states.get(batch_id))
+        raw = self._states.get(batch_id)
+        state = BatchState.resumed(batch) if raw is None and batch.resumed else BatchState.from_dict(raw)
         # ``finalizing`` is only ever set once every line's result is in the chunks: a batch left
         # there by a finalizer that died is complete even when this worker has no state for it
         # (the local stack empties the table when its memory-only broker lost the changelog).

@@ -12,14 +12,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.documents import BatchDocument
 from shared.protocol.messages import ResultMessage
-from shared.seen_lines import SeenLines
+from shared.result_chunks import USAGE_KEYS, token_sums, usage_document, usage_flat
+from shared.seen_lines import MAX_LINE_NUMBER, SeenLines
 
 __all__ = ["MAX_LINES", "USAGE_FIELDS", "BatchState", "SeenLines", "usage_of"]
 
-# A guard against a corrupt line number allocating a huge bitmap (125 KB at most).
-MAX_LINES = 1_000_000
-USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
+# A guard against a corrupt line number allocating a huge bitmap.
+MAX_LINES = MAX_LINE_NUMBER
+USAGE_FIELDS = USAGE_KEYS
 
 
 def usage_of(result: ResultMessage) -> dict[str, int]:
@@ -28,16 +30,7 @@ def usage_of(result: ResultMessage) -> dict[str, int]:
     The result message carries the body's usage beside the raw body (``ResultMessage.usage``,
     read from the body for an older message), so the body itself is never parsed here.
     """
-    usage = result.usage
-    if not result.succeeded or usage is None:
-        return {}
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "output_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "cached_tokens": usage.cached_tokens,
-        "reasoning_tokens": usage.reasoning_tokens,
-    }
+    return token_sums(result.usage) if result.succeeded else {}
 
 
 @dataclass
@@ -91,13 +84,18 @@ class BatchState:
 
     def usage_document(self) -> dict[str, Any]:
         """The Batch object's ``usage`` field."""
-        return {
-            "input_tokens": self.usage.get("input_tokens", 0),
-            "input_tokens_details": {"cached_tokens": self.usage.get("cached_tokens", 0)},
-            "output_tokens": self.usage.get("output_tokens", 0),
-            "output_tokens_details": {"reasoning_tokens": self.usage.get("reasoning_tokens", 0)},
-            "total_tokens": self.usage.get("total_tokens", 0),
-        }
+        return usage_document(self.usage)
+
+    @classmethod
+    def resumed(cls, batch: BatchDocument) -> BatchState:
+        """The state a resumed batch counts on from (``BatchStore.resume``): its stored counts,
+        usage and lines with a result, as tallied from its chunks."""
+        return cls(
+            completed=batch.request_counts.completed,
+            failed=batch.request_counts.failed,
+            usage=usage_flat(batch.usage.model_dump()),
+            seen=SeenLines.from_compressed(batch.seen_lines),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -42,6 +42,7 @@ DISPATCH_FIELDS = {
     "defaults": 1,
     "request_counts.total": 1,
     "emitted": 1,
+    "resumed": 1,
 }
 
 
@@ -61,6 +62,7 @@ class DispatchView:
     defaults: Document
     total: int
     emitted: bool  # every line was sent
+    resumed: bool  # run again after a broker loss: lines with a result (seen_lines) are not sent
 
     @classmethod
     def from_document(cls, doc: Document) -> DispatchView:
@@ -78,6 +80,7 @@ class DispatchView:
             defaults=dict(doc.get("defaults") or {}),
             total=int((doc.get("request_counts") or {}).get("total") or 0),
             emitted=bool(doc.get("emitted")),
+            resumed=bool(doc.get("resumed")),
         )
 
 
@@ -101,6 +104,7 @@ class BatchSummary:
     total: int
     project: str
     expires_at: int | None
+    resumed: bool = False  # its counts restart from the stored ones (``BatchStore.resume``)
 
     @property
     def terminal(self) -> bool:
@@ -143,7 +147,7 @@ class BatchStore:
         return bool(await self._batches.count_documents({"_id": batch_id}, limit=1))
 
     async def summary(self, batch_id: str) -> BatchSummary | None:
-        projection = {"status": 1, "request_counts.total": 1, "project": 1, "expires_at": 1}
+        projection = {"status": 1, "request_counts.total": 1, "project": 1, "expires_at": 1, "resumed": 1}
         doc = await self._batches.find_one({"_id": batch_id}, projection)
         if doc is None:
             return None
@@ -153,6 +157,7 @@ class BatchStore:
             total=int((doc.get("request_counts") or {}).get("total") or 0),
             project=str(doc.get("project") or "default"),
             expires_at=doc.get("expires_at"),
+            resumed=bool(doc.get("resumed")),
         )
 
     async def page(
@@ -202,6 +207,12 @@ class BatchStore:
         }
         cursor = self._batches.find(query, {"_id": 1}).limit(limit)
         return [str(doc["_id"]) async for doc in cursor]
+
+    async def resumed_ids(self) -> list[str]:
+        """Batches running again after a broker loss (``resume``): the aggregator's sweep checks
+        those it has no state for, which may be complete already."""
+        query = {"status": "in_progress", "resumed": True}
+        return [str(d["_id"]) async for d in self._batches.find(query, {"_id": 1})]
 
     async def in_progress_ids(self) -> list[str]:
         return [str(d["_id"]) async for d in self._batches.find({"status": "in_progress"}, {"_id": 1})]
@@ -354,13 +365,21 @@ class BatchStore:
         await self._batches.bulk_write(updates, ordered=False)
         return len(updates)
 
-    async def requeue(self, batch_id: str) -> None:
-        """Run an in_progress batch again from the start (the broker lost its messages)."""
+    async def resume(self, batch_id: str, counts: LiveCounts) -> None:
+        """Run an in_progress batch again after the broker lost its messages, from what its stored
+        results say (``counts``, tallied from its result chunks): the dispatcher sends only the
+        lines without a result, the aggregator counts on from these counts (``resumed``)."""
         await self._batches.update_one(
             {"_id": batch_id, "status": "in_progress"},
             {
-                "$set": {"emitted": False, "request_counts.completed": 0, "request_counts.failed": 0},
-                "$unset": {"seen_lines": "", "progress": ""},
+                "$set": {
+                    "emitted": False,
+                    "resumed": True,
+                    "request_counts.completed": counts.completed,
+                    "request_counts.failed": counts.failed,
+                    "usage": dict(counts.usage),
+                    "seen_lines": counts.seen_lines or b"",
+                },
             },
         )
 

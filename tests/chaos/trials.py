@@ -11,7 +11,7 @@ too. A trial (``run_trial``):
    drawn from the trial's seed, and kills the component's process group with SIGKILL;
 3. starts it again the way the stack does (the broker through ``supervisor.up``, which applies the
    broker-loss policy: every service restarted, the aggregator's local state emptied, batches in
-   flight requeued from their first line);
+   flight resumed with their lines that have no stored result);
 4. measures the recovery time: from the restart call to the first progress seen once the
    component is back (or to the batch's end, if it ends while the component starts);
 5. waits for ``completed`` and checks: ``request_counts`` exact, every custom_id exactly once in the

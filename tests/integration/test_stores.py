@@ -17,6 +17,7 @@ from deploy.local.stack import Stack
 from shared.documents import BatchDocument, FileDocument
 from shared.mongo import Mongo
 from shared.protocol.openai import BatchError, FileObject, ModelCard
+from shared.seen_lines import SeenLines
 from shared.stores.batches import BatchStore, LiveCounts
 from shared.stores.files import FileStore
 from shared.stores.models import WORKER_FORGOTTEN_S, ModelStore
@@ -133,16 +134,27 @@ async def test_overdue_finds_expired_and_stuck_cancels(batches: BatchStore) -> N
     assert not {running.id, done.id, finalizing.id} & found
 
 
-async def test_requeue_and_unfinished_work(batches: BatchStore) -> None:
-    batch = await new_batch(batches, status="in_progress", emitted=True)
+async def test_resume_and_unfinished_work(batches: BatchStore) -> None:
+    batch = await new_batch(batches, status="in_progress", emitted=True, request_counts={"total": 9})
     await batches.live_counts({batch.id: LiveCounts(4, 1, {})})
     assert batch.id in await batches.in_progress_ids()
-    await batches.requeue(batch.id)
+    answered = SeenLines()
+    for line in (1, 2, 5):
+        answered.add(line)
+    usage = {"input_tokens": 6, "output_tokens": 3, "total_tokens": 9}
+    await batches.resume(batch.id, LiveCounts(2, 1, usage, answered.compressed()))
     stored = await batches.get(batch.id)
-    assert stored is not None and not stored.emitted and stored.request_counts.completed == 0
+    assert stored is not None and not stored.emitted and stored.resumed
+    assert (stored.request_counts.completed, stored.request_counts.failed) == (2, 1)
+    assert stored.usage.output_tokens == 3
+    assert [n for n in range(1, 10) if n in SeenLines.from_compressed(stored.seen_lines)] == [1, 2, 5]
+    assert batch.id in await batches.resumed_ids()
+    summary = await batches.summary(batch.id)
+    assert summary is not None and summary.resumed
     assert batch.id in {b.id for b in await batches.unfinished_work()}
     await batches.mark_dispatchable(batch.id)  # handed to the dispatcher: the api's work is done
     assert batch.id not in {b.id for b in await batches.unfinished_work()}
+    assert next(v for v in await batches.dispatch_queue() if v.batch_id == batch.id).resumed
     assert await batches.count_attempt(batch.id) == 1
     assert await batches.count_attempt(batch.id) == 2
 
@@ -215,8 +227,6 @@ async def test_the_progress_history_is_kept_per_flush_and_bounded(
     assert [(s[1], s[2]) for s in samples] == [(3, 1), (4, 2), (5, 2)]  # the newest three, oldest first
     assert samples[0][0] <= samples[-1][0] <= time.time()
     assert await batches.progress(batch.id, "another-project") is None
-    await batches.requeue(batch.id)
-    assert (await batches.progress(batch.id, "p") or (0, [1]))[1] == []
 
 
 async def test_running_lines_and_usage_are_summed_per_model_for_the_project(batches: BatchStore) -> None:

@@ -189,12 +189,15 @@ class Dispatcher:
     async def _add(self, views: list[DispatchView], now: float) -> None:
         positions = await self.positions.load([v.batch_id for v in views])
         keys = await self.files.object_keys(list({v.input_file_id for v in views}))
+        # A batch resumed after a broker loss: its lines with a stored result are not sent again.
+        answered = await self.batch_store.seen_lines([v.batch_id for v in views if v.resumed])
         for view in views:
             key = keys.get(view.input_file_id)
             if key is None:
                 continue  # the input file is gone: the batch cannot run (finalize fills it)
             position = Position.from_document(positions.get(view.batch_id), done=view.emitted)
             state = QueuedState.from_view(view, key, position)
+            state.answered = answered.get(view.batch_id)
             self.batches[state.batch_id] = state
             # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
             book = self._model(state.model).book
@@ -319,7 +322,7 @@ class Dispatcher:
                 batch = self.batches[grant.batch_id]
                 cursor = batch.open_cursor(self.store)
                 read.append(batch)
-                for line in await cursor.take(grant.lines):
+                for line in await batch.take_unanswered(cursor, grant.lines):
                     partition = None
                     if self.settings.affinity and isinstance(cursor, OrderCursor):
                         entry = cursor.placed.get(line.number)
@@ -331,6 +334,7 @@ class Dispatcher:
             metas = await asyncio.gather(*(p.future for p in pending))
         except Exception:
             for batch in read:  # read again from the last acknowledged position
+                batch.skipped = 0
                 await batch.close_cursor()
             raise
         for item, meta in zip(pending, metas, strict=True):
@@ -338,6 +342,7 @@ class Dispatcher:
             item.batch.position.sent += 1
         for batch in read:  # every line read is on Kafka: the position moves past them
             assert batch.cursor is not None
+            batch.position.sent, batch.skipped = batch.position.sent + batch.skipped, 0
             batch.position.line, batch.position.byte = batch.cursor.line, batch.cursor.byte
             # Done at the end of the file, or once every request line went (trailing blanks).
             batch.position.done = batch.cursor.exhausted or batch.position.sent >= batch.total

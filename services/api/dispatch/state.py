@@ -15,6 +15,7 @@ from services.api.dispatch.policy import FairSharePolicy, QueuedBatch
 from services.api.dispatch.positions import Position
 from services.api.dispatch.reader import InputCursor, InputLine, scan
 from shared.protocol.messages import SamplingDefaults
+from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key
 from shared.stores.batches import DispatchView
 
@@ -41,6 +42,8 @@ class QueuedState:
     cursor: InputCursor | OrderCursor | None = None
     dirty: bool = False  # the position moved since it was saved
     saved_at: float = 0.0
+    answered: SeenLines | None = None  # resumed: the lines that had a result (not sent again)
+    skipped: int = 0  # of those, passed over by the cursor and not yet counted in the position
 
     @classmethod
     def from_view(cls, view: DispatchView, object_key: str, position: Position) -> QueuedState:
@@ -95,6 +98,23 @@ class QueuedState:
                 else InputCursor(store, self.object_key, p.line, p.byte)
             )
         return self.cursor
+
+    async def take_unanswered(self, cursor: InputCursor | OrderCursor, count: int) -> list[InputLine]:
+        """Up to ``count`` lines to send from ``cursor``, passing over answered lines (counted
+        in ``skipped``; the position counts them as sent once the round's lines are on Kafka)."""
+        if self.answered is None:
+            return await cursor.take(count)
+        taken: list[InputLine] = []
+        while len(taken) < count:
+            lines = await cursor.take(count - len(taken))
+            if not lines:
+                break
+            for line in lines:
+                if line.number in self.answered:
+                    self.skipped += 1
+                else:
+                    taken.append(line)
+        return taken
 
     def sent_before(self, store: ObjectStore, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:
         """The lines sent before a position (a takeover's check of an earlier dispatcher's)."""

@@ -22,6 +22,7 @@ from services.api.spill import SortedRuns
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
+from shared.seen_lines import MAX_LINE_NUMBER
 
 ID_RUN_BYTES = 8 * 1024 * 1024
 """Memory for the custom_id records sorted at a time (about 80,000 lines' worth)."""
@@ -91,6 +92,11 @@ class InputValidator:
         """Check the file's request lines (``shared.input_lines.request_lines``)."""
         try:
             async for line in lines:
+                if line.number > MAX_LINE_NUMBER:
+                    self._error(
+                        None, "too_many_tasks", f"The input file has more than {MAX_LINE_NUMBER} lines."
+                    )
+                    break
                 self._report.lines += 1
                 body = self._check_line(line.number, line.raw)
                 if self.order is not None:

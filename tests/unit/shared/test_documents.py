@@ -42,6 +42,7 @@ STORED_BATCH_FIELDS = {
     "dispatchable",
     "dispatch_settled",
     "seen_lines",
+    "resumed",
     "end_recorded",
 }
 STORED_FILE_FIELDS = {
