@@ -127,8 +127,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sha.add_argument("--shared-seconds", type=float, default=30.0, help="each measuring window")
     sha.add_argument("--shared-batch-lines", type=int, default=0, help="default: enough to outlast a window")
     pipe = parser.add_argument_group("pipeline ceiling (fake engine)")
-    pipe.add_argument("--lines", type=int, default=50_000)
-    pipe.add_argument("--line-bytes", type=int, default=4_000, help="pad each line to about this size")
+    pipe.add_argument(
+        "--lines",
+        type=int,
+        default=pipeline.YARDSTICK_LINES,
+        help="more than 50,000: a 50,000-line run first, then this one, compared",
+    )
+    pipe.add_argument(
+        "--line-bytes",
+        type=int,
+        default=None,
+        help="pad each line to about this size (4,000; 180 beyond 50,000 lines, to fit 2 GiB)",
+    )
     pipe.add_argument("--small-runs", type=int, default=3, help="runs of the 10-line batch alone")
     pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
     pipe.add_argument("--share-lines", type=int, default=20_000, help="each project's batch (shares)")
@@ -186,7 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "versus":
         report["versus"] = versus.run(args)
     if args.only in (None, "pipeline"):
+        if args.line_bytes is None:
+            args.line_bytes = 4_000 if args.lines <= pipeline.YARDSTICK_LINES else 180
+        if args.lines > pipeline.YARDSTICK_LINES:  # the same run at 50,000 lines first, to compare
+            big = args.lines
+            args.lines = pipeline.YARDSTICK_LINES
+            report["pipeline_yardstick"] = pipeline.run(args, RESULTS_DIR)
+            _save(report, path)
+            args.lines = big
         report["pipeline"] = pipeline.run(args, RESULTS_DIR)
+        if "pipeline_yardstick" in report:
+            report["pipeline_scale"] = pipeline.compare(report["pipeline_yardstick"], report["pipeline"])
         _save(report, path)
     if args.only in (None, "parity"):
         report["parity"] = parity.run(args)

@@ -499,3 +499,64 @@ def _print(r: dict[str, Any]) -> None:
             )
         )
         print(f"raw collapsed stacks: {profile['raw']}")
+
+
+YARDSTICK_LINES = 50_000
+RSS_GROWTH_TARGET = 1.3  # each service's peak RSS at the big batch, against the yardstick's
+
+
+def compare(small: dict[str, Any], big: dict[str, Any]) -> dict[str, Any]:
+    """The big batch beside the 50,000-line one of the same run: lines/s, CPU per 1,000 lines and
+    peak RSS per service, and how much each service's peak grew (target: <= 1.3x)."""
+    lines = (small["settings"]["lines"], big["settings"]["lines"])
+    services = [n for n in big["peak_rss_mib"] if n.startswith(OUR_SERVICES)]
+    growth = {n: big["peak_rss_mib"][n] / small["peak_rss_mib"][n] for n in services}
+    rows: list[list[Any]] = [
+        [
+            "lines/s (create to completed)",
+            f"{small['batch_lines_per_s']:,.0f}",
+            f"{big['batch_lines_per_s']:,.0f}",
+            "",
+            "",
+        ],
+        [
+            "exact counts",
+            str(small["request_counts"] == {"completed": lines[0], "failed": 0, "total": lines[0]}),
+            str(big["request_counts"] == {"completed": lines[1], "failed": 0, "total": lines[1]}),
+            "",
+            "",
+        ],
+    ]
+    for name in services:
+        rows.append(
+            [
+                f"{name}: CPU s / 1,000 lines",
+                f"{small['cpu_s_per_1000_lines'][name]:.3f}",
+                f"{big['cpu_s_per_1000_lines'][name]:.3f}",
+                "",
+                "",
+            ]
+        )
+    for name in services:
+        rows.append(
+            [
+                f"{name}: peak RSS MiB",
+                f"{small['peak_rss_mib'][name]:.0f}",
+                f"{big['peak_rss_mib'][name]:.0f}",
+                f"{growth[name]:.2f}x",
+                f"<= {RSS_GROWTH_TARGET}x: {'met' if growth[name] <= RSS_GROWTH_TARGET else 'NOT met'}",
+            ]
+        )
+    print(
+        table(
+            f"pipeline: {lines[1]:,} lines beside {lines[0]:,} (same line size, same run)",
+            ["figure", f"{lines[0]:,}", f"{lines[1]:,}", "growth", "target"],
+            rows,
+        ),
+        flush=True,
+    )
+    return {
+        "lines": lines,
+        "rss_growth": growth,
+        "rss_growth_met": all(g <= RSS_GROWTH_TARGET for g in growth.values()),
+    }
