@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from services.api.service.validation import CustomIdCheck, InputValidator, ValidationReport
 from tests.support.lines import file_request_lines
 
@@ -162,3 +164,12 @@ async def test_repeats_spilled_across_runs_are_all_counted_and_the_first_ones_re
     assert report.error_count == 2000 - 700
     assert [e.line for e in report.errors] == [701, 702, 703, 704, 705]
     assert {e.code for e in report.errors} == {"duplicate_custom_id"}
+
+
+async def test_a_file_past_the_largest_line_number_fails_however_few_requests_it_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("services.api.service.validation.MAX_LINE_NUMBER", 5)
+    report = await validate([line("a"), b"", b"", b"", b"", line("b")])  # "b" is line 6
+    assert codes(report) == [(None, "too_many_tasks", None)]
+    assert report.errors[0].message == "The input file has more than 5 lines."
