@@ -335,7 +335,7 @@ def restart_and_time(chaos: ChaosStack, batch_id: str, start_again: Callable[[],
             if not restarting.done():
                 return False
             if base is None or (now[0] == base[0] and now[1] < base[1]):
-                base = now  # the first look once it is back, or counts set back (requeue)
+                base = now  # the first look once it is back, or counts set back
                 return False
             return now != base
 
