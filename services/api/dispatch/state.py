@@ -19,6 +19,9 @@ from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key
 from shared.stores.batches import DispatchView
 
+SKIP_PER_ROUND = 20_000
+"""Answered lines of a resumed batch the dispatcher passes over in one round, at most."""
+
 
 @dataclass
 class QueuedState:
@@ -105,15 +108,22 @@ class QueuedState:
         if self.answered is None:
             return await cursor.take(count)
         taken: list[InputLine] = []
-        while len(taken) < count:
+        placed: dict[int, Any] = {}
+        # At most SKIP_PER_ROUND passed over per round: the position moves on, the next round
+        # goes on from there, and the dispatcher's other work (its lease) is not held up.
+        while len(taken) < count and self.skipped < SKIP_PER_ROUND:
             lines = await cursor.take(count - len(taken))
             if not lines:
                 break
+            if isinstance(cursor, OrderCursor):
+                placed.update(cursor.placed)
             for line in lines:
                 if line.number in self.answered:
                     self.skipped += 1
                 else:
                     taken.append(line)
+        if isinstance(cursor, OrderCursor):
+            cursor.placed = placed  # each call replaced it: the lines taken keep their places
         return taken
 
     def sent_before(self, store: ObjectStore, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:

@@ -26,6 +26,7 @@ from services.api.service.partial import PartialOutputService
 from shared.errors import Conflict, InvalidRequest
 from shared.input_lines import split_lines
 from shared.lifecycle import TERMINAL
+from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.openai import Batch
 
 RETRY_OF = "retry_of"
@@ -47,21 +48,28 @@ class RetryService:
                 param="batch_id",
                 code="batch_not_finished",
             )
+        source = await self.files.document(project, parent.input_file_id)  # 404 once deleted
+        if parent.error_file_id:  # 404 once deleted or expired, not "no error lines"
+            await self.files.document(project, parent.error_file_id)
+        which = f" with code {', '.join(codes)}" if codes else ""
+        nothing = InvalidRequest(
+            f"Batch {batch_id} has no error lines{which} to retry.", param="codes", code="no_error_lines"
+        )
         failed = await self._failed_custom_ids(project, batch_id, codes)
         if not failed:
-            which = f" with code {', '.join(codes)}" if codes else ""
-            raise InvalidRequest(
-                f"Batch {batch_id} has no error lines{which} to retry.", param="codes", code="no_error_lines"
-            )
-        source = await self.files.document(project, parent.input_file_id)  # 404 once deleted
+            raise nothing
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as selected:
             async for raw in split_lines(self.files.store.iter_chunks(source.object_key)):
+                raw = raw.removeprefix(UTF8_BOM)  # a file's BOM is not part of its first line
                 if raw.strip() and _custom_id(raw) in failed:
                     selected.write(raw + b"\n")
             size = selected.tell()
+            if size == 0:
+                raise nothing
             selected.seek(0)
             uploaded = await self.files.upload(project, selected, size, f"{batch_id}_retry.jsonl", "batch")
-        kept = list((parent.metadata or {}).items())[: MAX_METADATA_PAIRS - 1]
+        parents = {k: v for k, v in (parent.metadata or {}).items() if k != RETRY_OF}
+        kept = list(parents.items())[: MAX_METADATA_PAIRS - 1]
         params = BatchCreateParams(
             input_file_id=uploaded.id,
             endpoint=parent.endpoint,

@@ -7,6 +7,7 @@ custom_ids are checked for repeats by an external sort (``CustomIdCheck``), not 
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import heapq
 import struct
@@ -98,6 +99,8 @@ class InputValidator:
                     )
                     break
                 self._report.lines += 1
+                if self._report.lines > self.max_lines:
+                    continue  # the batch fails anyway: the lines are only counted
                 body = self._check_line(line.number, line.raw)
                 if self.order is not None:
                     self.order.add(line, prompt_text(self.endpoint, body) if body is not None else None)
@@ -117,7 +120,9 @@ class InputValidator:
     def _report_repeats(self) -> None:
         """Every line whose custom_id an earlier line has, merged into the errors in line order
         (the report keeps the first ``max_reported_errors`` of all errors, as before)."""
-        repeats = heapq.nsmallest(self.max_reported_errors, self._custom_ids.repeats())
+        found_repeats = self._custom_ids.repeats()
+        repeats = heapq.nsmallest(self.max_reported_errors, found_repeats)
+        collections.deque(found_repeats, maxlen=0)  # counted to the end, whatever is reported
         self._report.error_count += self._custom_ids.repeat_count
         found = [
             BatchError(

@@ -69,3 +69,24 @@ def test_only_a_finished_batch_of_ones_own_project_is_retried(
     http.post(f"/batches/{running['id']}/cancel")
     with pytest.raises(Exception, match="404"):
         other_client.post(f"/batches/{parent['id']}/retry", body={}, cast_to=dict)
+
+
+def test_a_failed_first_line_after_a_bom_is_retried_without_the_bom(
+    http: httpx.Client, model_id: str
+) -> None:
+    first = chat_line("bad-0", model_id, TOO_LONG, max_tokens=2)
+    content = b"\xef\xbb\xbf" + "\n".join([first, chat_line("ok-1", model_id, "hi", max_tokens=2)]).encode()
+    made = create(http, prefix="", input_file_id=upload(http, content, prefix="")["id"])
+    parent = wait_http_terminal(http, made.json()["id"], 120, prefix="")
+    assert parent["request_counts"]["failed"] == 1
+    child = http.post(f"/batches/{parent['id']}/retry").json()
+    assert http.get(f"/files/{child['input_file_id']}/content").text == first + "\n"
+
+
+def test_a_deleted_error_file_is_a_404_not_no_error_lines(http: httpx.Client, model_id: str) -> None:
+    lines = [chat_line("bad", model_id, TOO_LONG, max_tokens=2)]
+    made = create(http, prefix="", input_file_id=upload(http, "\n".join(lines).encode(), prefix="")["id"])
+    parent = wait_http_terminal(http, made.json()["id"], 120, prefix="")
+    assert http.delete(f"/files/{parent['error_file_id']}").status_code == 200
+    gone = http.post(f"/batches/{parent['id']}/retry")
+    assert gone.status_code == 404, gone.text

@@ -173,3 +173,9 @@ async def test_a_file_past_the_largest_line_number_fails_however_few_requests_it
     report = await validate([line("a"), b"", b"", b"", b"", line("b")])  # "b" is line 6
     assert codes(report) == [(None, "too_many_tasks", None)]
     assert report.errors[0].message == "The input file has more than 5 lines."
+
+
+async def test_repeats_are_counted_even_when_no_error_is_reported() -> None:
+    validator = InputValidator(ENDPOINT, {"m": 1024}, 100, max_reported_errors=0)
+    report = await validator.run(file_request_lines([line("x"), line("x")]))
+    assert not report.ok and report.error_count == 1 and report.errors == []
