@@ -8,7 +8,10 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.api.service.batches import BatchService
+from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
+from services.api.service.overview import OverviewService
+from services.api.service.retry import RetryService
 from shared.errors import AuthenticationFailed
 
 # Declares the bearer scheme in the OpenAPI document, so /docs can authorize; a missing or
@@ -36,6 +39,21 @@ def _batches(request: Request) -> BatchService:
     return request.app.state.batches  # type: ignore[no-any-return]
 
 
+def _error_lines(request: Request) -> ErrorLinesService:
+    return request.app.state.error_lines  # type: ignore[no-any-return]
+
+
+def _overview(request: Request) -> OverviewService:
+    return request.app.state.overview  # type: ignore[no-any-return]
+
+
+def _retry(request: Request) -> RetryService:
+    return request.app.state.retry  # type: ignore[no-any-return]
+
+
 Project = Annotated[str, Depends(_project)]
 Files = Annotated[FileService, Depends(_files)]
 Batches = Annotated[BatchService, Depends(_batches)]
+ErrorLines = Annotated[ErrorLinesService, Depends(_error_lines)]
+Overview = Annotated[OverviewService, Depends(_overview)]
+Retry = Annotated[RetryService, Depends(_retry)]

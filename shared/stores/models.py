@@ -22,7 +22,8 @@ WORKER_FORGOTTEN_S = 600.0
 """A worker silent for this long is dropped from its model's document at the next heartbeat."""
 
 
-def _card(doc: Document) -> ModelCard:
+def card_of(doc: Document) -> ModelCard:
+    """A model document's card (the fields ``/v1/models`` lists)."""
     return ModelCard(
         id=doc["_id"],
         created=int(doc.get("created", 0)),
@@ -48,11 +49,11 @@ class ModelStore:
         self._models = collection
 
     async def cards(self) -> list[ModelCard]:
-        return [_card(d) for d in await self._models.find({}).sort("_id").to_list()]
+        return [card_of(d) for d in await self._models.find({}).sort("_id").to_list()]
 
     async def card(self, model_id: str) -> ModelCard | None:
         doc = await self._models.find_one({"_id": model_id})
-        return _card(doc) if doc is not None else None
+        return card_of(doc) if doc is not None else None
 
     async def documents(self) -> list[Document]:
         """Every model document, by id (for status views: cards plus their workers)."""

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api.deps import Batches, Project
+from services.api.deps import Batches, Project, Retry
 from services.api.errors import DEPENDENCY_TIMEOUT_S
 from services.api.openapi import errors
 from services.api.schemas import BatchCreateParams
-from services.api.service.retry import RetryService
 from shared.errors import InvalidRequest
 from shared.lifecycle import STATUSES
 from shared.protocol.openai import Batch, ListObject
@@ -79,8 +78,7 @@ class RetryParams(BaseModel):
 
 @router.post("/{batch_id}/retry", response_model=Batch, responses=errors(400, 404, 409))
 async def retry_batch(
-    project: Project, request: Request, batch_id: str, params: RetryParams | None = None
+    project: Project, retry: Retry, batch_id: str, params: RetryParams | None = None
 ) -> Batch:
     """A new batch of this finished batch's failed lines, its metadata naming this one in ``retry_of``."""
-    service: RetryService = request.app.state.retry
-    return await service.retry(project, batch_id, params.codes if params else None)
+    return await retry.retry(project, batch_id, params.codes if params else None)

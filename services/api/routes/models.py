@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 
-from services.api.deps import Project
+from services.api.deps import Overview, Project
 from services.api.openapi import errors
 from shared.errors import NotFound
 from shared.protocol.openai import ListObject, ModelCard
@@ -18,6 +18,7 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 async def list_models(
     project: Project,
     request: Request,
+    overview: Overview,
     include: Annotated[
         Literal["status"] | None,
         Query(
@@ -27,7 +28,7 @@ async def list_models(
     ] = None,
 ) -> ListObject:
     if include == "status":
-        return ListObject(data=await request.app.state.overview.models_status(project))
+        return ListObject(data=await overview.models_status(project))
     return ListObject(data=await request.app.state.models.cards())
 
 

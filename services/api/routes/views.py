@@ -6,28 +6,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query
 
-from services.api.deps import Project
+from services.api.deps import ErrorLines, Overview, Project
 from services.api.openapi import errors
-from services.api.service.error_lines import ErrorLinesService
-from services.api.service.overview import USAGE_DAYS_DEFAULT, USAGE_DAYS_MAX, OverviewService
+from services.api.service.overview import USAGE_DAYS_DEFAULT, USAGE_DAYS_MAX
 from shared.protocol.extensions import BatchProgress, ErrorLinesPage
 from shared.protocol.openai import ListObject
 
 router = APIRouter(tags=["batchstream extensions"])
-
-
-def _error_lines(request: Request) -> ErrorLinesService:
-    return request.app.state.error_lines  # type: ignore[no-any-return]
-
-
-def _overview(request: Request) -> OverviewService:
-    return request.app.state.overview  # type: ignore[no-any-return]
-
-
-ErrorLines = Annotated[ErrorLinesService, Depends(_error_lines)]
-Overview = Annotated[OverviewService, Depends(_overview)]
 
 
 @router.get("/v1/batches/{batch_id}/progress", response_model=BatchProgress, responses=errors(404))

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from shared.errors import NotFound
 from shared.protocol.extensions import BatchProgress, ModelStatus, ProgressSample, UsageRow
 from shared.stores.batches import BatchStore
-from shared.stores.models import ModelStore, worker_statuses
+from shared.stores.models import ModelStore, card_of, worker_statuses
 
 USAGE_DAYS_DEFAULT, USAGE_DAYS_MAX = 30, 400
 
@@ -35,9 +35,7 @@ class OverviewService:
         running = await self.batches.running_by_model(project)
         return [
             ModelStatus(
-                id=doc["_id"],
-                created=int(doc.get("created", 0)),
-                max_context_length=doc.get("max_context_length"),
+                **card_of(doc).model_dump(),
                 workers=worker_statuses(doc, now),
                 running_batches=running.get(doc["_id"], (0, 0))[0],
                 queued_lines=running.get(doc["_id"], (0, 0))[1],
