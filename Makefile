@@ -92,6 +92,10 @@ $(MODELS)/gemma-3-270m/$(MARKER): | $(VENV_INF)/.editable-installed
 $(MODELS)/tiny-llama/$(MARKER): | $(VENV_INF)/.editable-installed
 	$(PY_INF) -m deploy.local.models tiny --out $(MODELS)/tiny-llama
 
+# A LoRA adapter of a model, random weights (peft): `<model>-demo`.
+$(MODELS)/%-demo/$(MARKER): | $(MODELS)/%/$(MARKER)
+	$(PY_INF) -m deploy.local.models adapter --base $(MODELS)/$* --out $(MODELS)/$*-demo
+
 $(MODELS)/minilm/$(MARKER): | $(VENV_INF)/.editable-installed
 	$(PY_INF) -m deploy.local.models embed --out $(MODELS)/minilm
 
@@ -104,11 +108,15 @@ UP_EMBED_MODEL_NAME ?= all-MiniLM-L6-v2
 # `make up UP_REMOTE='NAME=URL ...'` also serves each model NAME through the OpenAI-compatible
 # server at URL (a worker with no model of its own; docs/operations.md).
 UP_REMOTE ?=
+# The chat model's demo LoRA adapter (random weights, made at set-up): `make up UP_ADAPTER=` for none.
+UP_ADAPTER ?= $(UP_MODEL_DIR)-demo
 UP_MODELS := --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
+	$(if $(UP_ADAPTER),--adapter $(UP_MODEL_NAME)-demo=$(UP_ADAPTER)) \
 	$(if $(UP_EMBED_MODEL),--model $(UP_EMBED_MODEL)=$(UP_EMBED_MODEL_NAME):pooling) \
 	$(foreach r,$(UP_REMOTE),--remote '$(r)')
 
-up: venvs $(UP_MODEL_DIR)/$(MARKER) $(if $(UP_EMBED_MODEL),$(UP_EMBED_MODEL)/$(MARKER))
+up: venvs $(UP_MODEL_DIR)/$(MARKER) $(if $(UP_EMBED_MODEL),$(UP_EMBED_MODEL)/$(MARKER)) \
+	$(if $(UP_ADAPTER),$(UP_ADAPTER)/$(MARKER))
 	$(PY) -m deploy.local up $(UP_MODELS) --inference-python $(PY_INF)
 
 down:
@@ -160,9 +168,10 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 	$(VENV_CHECK)/bin/python -c 'import sys, yaml; [yaml.safe_load(open(f)) for f in sys.argv[1:]]' \
 		deploy/prometheus/prometheus.yml deploy/grafana/provisioning/*/*.yaml
 
-test: venvs $(TINY_DIR)/$(MARKER) $(CHROMIUM) lint check-deploy
+test: venvs $(TINY_DIR)/$(MARKER) $(TINY_DIR)-demo/$(MARKER) $(CHROMIUM) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
+	BATCHSTREAM_TEST_ADAPTER_DIR=$(CURDIR)/$(TINY_DIR)-demo \
 	BATCHSTREAM_TEST_CHROMIUM=$(CHROMIUM) \
 		$(PY) -m pytest -q -m "not load" --durations=25
 

@@ -94,9 +94,9 @@ async def resume_in_flight(mongo: MongoSettings, storage: StorageSettings) -> li
             counts = LiveCounts(
                 tally.completed, tally.failed, usage_document(tally.usage), tally.seen.compressed()
             )
-            await batches.resume(batch_id, counts)
+            units = await batches.resume(batch_id, counts)
             # The dispatcher reads the input again from its start, passing over answered lines.
-            await db.dispatch_positions.delete_one({"_id": batch_id})
+            await db.dispatch_positions.delete_many({"_id": {"$in": units}})
             log.info(
                 "resumed a batch the broker forgot",
                 extra={"batch_id": batch_id, "answered": tally.completed + tally.failed},

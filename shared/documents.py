@@ -24,6 +24,12 @@ Batch internal fields:
 - ``resumed``: set when the batch was resumed after the broker lost its messages
   (``BatchStore.resume``): its counts restart from those its stored result chunks give, the
   dispatcher does not send the lines ``seen_lines`` marks, the aggregator counts on from them.
+- ``parts``: a mixed-models batch's lines by the base model whose workers run them, set at
+  validation: ``[{model, lines}]``; part ``i``'s lines, in dispatch order, are the object
+  ``dispatch_order_key(batch_id, i)``. A part whose ``model`` is None holds the lines naming a
+  model no worker serves: the dispatcher answers each ``model_not_found``. ``emitted_parts`` and
+  ``settled_parts`` list the parts whose lines all went / all came back (``emitted`` and
+  ``dispatch_settled`` are set once every part's is).
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
   of them (the console's plot of lines over time; pushed on the flush's own write).
 
@@ -78,6 +84,9 @@ class BatchDocument(StoredDocument, BatchBase):
     dispatch_settled: bool = False
     seen_lines: bytes | None = None
     resumed: bool = False
+    parts: list[dict[str, Any]] | None = None
+    emitted_parts: list[int] = Field(default_factory=list)
+    settled_parts: list[int] = Field(default_factory=list)
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
 
     def output_files_expire_at(self) -> int | None:

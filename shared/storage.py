@@ -198,6 +198,8 @@ def result_chunk_prefix(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}results/"
 
 
-def dispatch_order_key(batch_id: str) -> str:
-    """A batch's dispatch order (``services/api/dispatch/order.py``), written at validation."""
-    return f"{batch_prefix(batch_id)}dispatch-order"
+def dispatch_order_key(batch_id: str, part: int | None = None) -> str:
+    """A batch's dispatch order (``services/api/dispatch/order.py``), written at validation; a
+    mixed batch has one per part (the lines of one base model)."""
+    suffix = "" if part is None else f"-{part}"
+    return f"{batch_prefix(batch_id)}dispatch-order{suffix}"

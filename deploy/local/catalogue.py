@@ -14,6 +14,7 @@ environment) and never imports ``stack``: ``stack`` imports the catalogue, not t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -75,6 +76,7 @@ class ModelSpec:
     engine: str = "vllm"  # "fake": the instant fake engine (no model; runs from the main env)
     replica: int = 0  # a second worker of the same model is replica 1 (its own engine, one group)
     remote_url: str = ""  # engine "remote": the OpenAI-compatible server the worker sends lines to
+    adapters: tuple[tuple[str, str], ...] = ()  # LoRA adapters served beside it: (name, folder)
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
@@ -94,6 +96,13 @@ class ModelSpec:
         if not name or not url.startswith(("http://", "https://")):
             raise ValueError(f"{text!r}: expected NAME=URL (http://host:port or .../v1)")
         return cls("", name, runner, engine="remote", remote_url=url)
+
+    def with_adapter(self, text: str) -> ModelSpec:
+        """This model with one more LoRA adapter, ``NAME=DIR`` (its id and folder)."""
+        name, _, path = text.partition("=")
+        if not name or not path:
+            raise ValueError(f"{text!r}: expected NAME=DIR")
+        return dataclasses.replace(self, adapters=(*self.adapters, (name, path)))
 
     @property
     def component(self) -> str:
@@ -302,6 +311,9 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         "BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME": model.served_name,
         "BATCHSTREAM_INFERENCE_RUNNER": model.runner,
         "BATCHSTREAM_INFERENCE_REMOTE_URL": model.remote_url,
+        "BATCHSTREAM_INFERENCE_LORA_ADAPTERS": json.dumps(
+            {name: str(Path(path).resolve()) for name, path in model.adapters}
+        ),
         "BATCHSTREAM_INFERENCE_HEALTH_PORT": str(port),
         "BATCHSTREAM_INFERENCE_ENFORCE_EAGER": "true",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),

@@ -54,12 +54,18 @@ def build_stack(
     port: list[str] | None = None,
     engine: str = "vllm",
     remote: list[str] | None = None,
+    adapters: list[str] | None = None,
 ) -> Stack:
-    """The stack a command works on: its state dir, ports, models (each on ``engine``), and the
-    models forwarded to servers (``remote``: ``NAME=URL``)."""
+    """The stack a command works on: its state dir, ports, models (each on ``engine``), the
+    models forwarded to servers (``remote``: ``NAME=URL``), and LoRA adapters (``adapters``:
+    ``NAME=DIR``, each served by the first model)."""
     specs = [dataclasses.replace(ModelSpec.parse(m), engine=engine) for m in models or []]
     try:
         specs += [ModelSpec.parse_remote(r) for r in remote or []]
+        for adapter in adapters or []:
+            if not specs:
+                raise ValueError("an --adapter needs a --model to serve it")
+            specs[0] = specs[0].with_adapter(adapter)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     stack = Stack(state_dir, ports=ports(port), models=specs)
@@ -89,11 +95,17 @@ def up(
             "with no model of its own forwards its lines there.",
         ),
     ] = None,
+    adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=DIR", help="A LoRA adapter the first model serves beside it (repeatable)."
+        ),
+    ] = None,
     port: PortOption = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Start every component that is not running and healthy; return when all are healthy."""
-    stack = build_stack(state_dir, model, inference_python, port, engine, remote)
+    stack = build_stack(state_dir, model, inference_python, port, engine, remote, adapter)
     raise typer.Exit(supervisor.up(stack, [s for s in services.split(",") if s]))
 
 

@@ -5,6 +5,8 @@ Run from the inference environment::
     python -m deploy.local.models tiny  --out .state/models/tiny    # random 2-layer LLaMA, ~8 MB
     python -m deploy.local.models gemma --out .state/models/gemma   # Gemma 3 270M bf16, ~540 MB
     python -m deploy.local.models embed --out .state/models/minilm  # all-MiniLM-L6-v2 (symlink)
+    python -m deploy.local.models adapter --base .state/models/gemma --out .state/models/gemma-demo
+                                           # a rank-8 LoRA adapter of the base, random weights
 
 Each command is idempotent: a complete folder is left as it is. The path of the prepared folder is
 printed on the last line of stdout, so scripts can use ``$(python -m deploy.local.models ...)``.
@@ -175,23 +177,55 @@ def prepare_embed(out: Path) -> Path:
     return out
 
 
-def prepare(kind: str, out: Path) -> Path:
+ADAPTER_SEED = 4321
+ADAPTER_RANK = 8
+
+
+def build_adapter(base: Path, out: Path) -> dict[str, Any]:
+    """A LoRA adapter of ``base`` (rank 8 on the attention's query and value projections) made
+    with peft, with random weights on both matrices (peft's default makes B zero, so an untrained
+    adapter would change nothing): its greedy answers differ from the base model's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(ADAPTER_SEED)
+    model = AutoModelForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
+    config = LoraConfig(
+        r=ADAPTER_RANK,
+        lora_alpha=2 * ADAPTER_RANK,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    peft_model.save_pretrained(str(out), safe_serialization=True)
+    return {"adapter_of": str(base.resolve()), "rank": ADAPTER_RANK, "seed": ADAPTER_SEED}
+
+
+def prepare(kind: str, out: Path, base: Path | None = None) -> Path:
     if kind == "tiny":
         return publish(build_tiny, out)
     if kind == "gemma":
         return publish(build_gemma, out)
     if kind == "embed":
         return prepare_embed(out)
+    if kind == "adapter":
+        if base is None:
+            raise ValueError("an adapter needs --base (the model folder it adapts)")
+        return publish(lambda staging: build_adapter(base, staging), out)
     raise ValueError(f"unknown model kind {kind!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.local.models", description=__doc__)
-    parser.add_argument("kind", choices=["tiny", "gemma", "embed"])
+    parser.add_argument("kind", choices=["tiny", "gemma", "embed", "adapter"])
     parser.add_argument("--out", required=True, type=Path, help="folder to create")
+    parser.add_argument("--base", type=Path, help="adapter: the model folder it adapts")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    path = prepare(args.kind, args.out.absolute())
+    base = args.base.absolute() if args.base else None
+    path = prepare(args.kind, args.out.absolute(), base)
     log(f"{args.kind} ready in {time.monotonic() - started:.1f} s")
     print(path)
     return 0

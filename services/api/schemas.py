@@ -28,6 +28,8 @@ class BatchCreateParams(SamplingDefaults):
     priority: StrictInt | None = Field(default=None, ge=-100, le=100)
     # batchstream's extension: false sends the lines in file order (docs/dispatcher.md).
     prefix_order: StrictBool | None = None
+    # batchstream's extension: true lets the lines name any served model or adapter (docs/api.md).
+    mixed_models: StrictBool | None = None
 
     def defaults(self) -> SamplingDefaults:
         return SamplingDefaults.model_validate(self.model_dump(include=set(SamplingDefaults.model_fields)))

@@ -89,6 +89,8 @@ class Engine(Protocol):
     model_id: str
     max_context_length: int
     endpoints: tuple[str, ...]
+    adapters: tuple[str, ...]
+    """LoRA adapters served beside the model: a body whose ``model`` names one runs with it."""
     max_running: int
     """Requests the engine runs at once (vLLM's ``max_num_seqs``); the rest wait in its queue.
     0: no such limit (every request runs at once)."""

@@ -45,8 +45,10 @@ class FakeEngine:
         endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES),
         seconds_per_token: float = default("fake_seconds_per_token"),
         max_running: int = 0,
+        adapters: tuple[str, ...] = (),
     ) -> None:
         self.model_id = model_id
+        self.adapters = adapters
         self.max_running = max_running  # it runs everything at once; a test may claim a limit
         self.max_context_length = max_context_length
         self.endpoints = endpoints
@@ -94,39 +96,41 @@ class FakeEngine:
                 f"Input length ({prompt_tokens}) exceeds model's maximum context length ({limit}).",
                 param="input_tokens",
             )
+        # An adapter's line is answered under the adapter's name, as vLLM does.
+        model = body["model"] if body.get("model") in self.adapters else self.model_id
         if url == EMBEDDINGS:
             usage = TokenUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
-            return Answer.of(200, self._embedding(body, usage), usage)
+            return Answer.of(200, self._embedding(body, usage, model), usage)
         usage = TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=1, total_tokens=prompt_tokens + 1)
         if url == CHAT:
-            return Answer.of(200, self._chat(request_id, usage), usage)
+            return Answer.of(200, self._chat(request_id, usage, model), usage)
         if url == RESPONSES:
-            return Answer.of(200, self._response(request_id, usage), usage)
-        return Answer.of(200, self._completion(request_id, usage), usage)
+            return Answer.of(200, self._response(request_id, usage, model), usage)
+        return Answer.of(200, self._completion(request_id, usage, model), usage)
 
-    def _chat(self, request_id: str, usage: TokenUsage) -> dict[str, Any]:
+    def _chat(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
         message = {"role": "assistant", "content": FAKE_TEXT, "tool_calls": []}
         return {
             "id": f"chatcmpl-{request_id}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.model_id,
+            "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
             "usage": _usage_body(usage),
         }
 
-    def _completion(self, request_id: str, usage: TokenUsage) -> dict[str, Any]:
+    def _completion(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
         choice = {"index": 0, "text": FAKE_TEXT, "logprobs": None, "finish_reason": "stop"}
         return {
             "id": f"cmpl-{request_id}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.model_id,
+            "model": model,
             "choices": [choice],
             "usage": _usage_body(usage),
         }
 
-    def _response(self, request_id: str, usage: TokenUsage) -> dict[str, Any]:
+    def _response(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
         content: dict[str, Any] = {
             "type": "output_text",
             "text": FAKE_TEXT,
@@ -144,7 +148,7 @@ class FakeEngine:
             "id": f"resp_{request_id}",
             "object": "response",
             "created_at": int(time.time()),
-            "model": self.model_id,
+            "model": model,
             "status": "completed",
             "output": [message],
             "usage": {
@@ -156,7 +160,7 @@ class FakeEngine:
             },
         }
 
-    def _embedding(self, body: dict[str, Any], usage: TokenUsage) -> dict[str, Any]:
+    def _embedding(self, body: dict[str, Any], usage: TokenUsage, model: str) -> dict[str, Any]:
         inputs = body.get("input")
         count = len(inputs) if isinstance(inputs, list) and inputs else 1
         if isinstance(inputs, list) and inputs and isinstance(inputs[0], int):
@@ -166,7 +170,7 @@ class FakeEngine:
             "id": f"embd-{uuid.uuid4().hex}",
             "object": "list",
             "created": int(time.time()),
-            "model": self.model_id,
+            "model": model,
             "data": data,
             "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens},
         }

@@ -13,6 +13,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
+from services.inference.adapters import AdapterSlots
 from services.inference.control import BatchControl
 from services.inference.engine import (
     GENERATE_ENDPOINTS,
@@ -136,8 +137,10 @@ class RequestHandler:
         control: BatchControl | None = None,
         retry: EngineRetry | None = None,
         scheduler: EngineScheduler | None = None,
+        adapter_places: int = default("max_loras"),
     ) -> None:
         self.engine = engine
+        self.adapters = AdapterSlots(adapter_places)
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry()
@@ -152,6 +155,7 @@ class RequestHandler:
             control=control,
             retry=EngineRetry.from_settings(settings),
             scheduler=EngineScheduler.from_settings(engine, settings),
+            adapter_places=settings.max_loras,
         )
 
     def stop_waiting(self) -> None:
@@ -210,7 +214,10 @@ class RequestHandler:
         body = dict(message.body)
         apply_defaults(message.url, body, message.defaults)
         limit = context_limit(body, message.defaults)
-        body["model"] = self.engine.model_id
+        if body.get("model") in self.engine.adapters:  # an adapter's line keeps its name
+            self.adapters.use(body["model"])
+        else:
+            body["model"] = self.engine.model_id
 
         async def attempt() -> Answer:
             if self.control.cancelled(message.batch_id) or self.scheduler.preempted(run_id):

@@ -27,7 +27,11 @@ def worker_name() -> str:
 
 async def beat(mongo: Mongo, engine: Engine, worker: str | None = None) -> None:
     await ModelStore(mongo.models).beat(
-        engine.model_id, worker or worker_name(), engine.max_context_length, list(engine.endpoints)
+        engine.model_id,
+        worker or worker_name(),
+        engine.max_context_length,
+        list(engine.endpoints),
+        adapters=list(engine.adapters),
     )
 
 

@@ -92,6 +92,8 @@ class RemoteEngine:
         self.settings = settings
         self.model_id = settings.model_id
         self.remote_model = settings.remote_model or settings.model_id
+        # Adapters the server serves under these names (loaded there, e.g. ``--lora-modules``).
+        self.adapters = tuple(settings.lora_adapters)
         self.max_context_length = settings.max_model_len
         self.endpoints: tuple[str, ...] = POOLING if settings.runner == "pooling" else GENERATE_ENDPOINTS
         self.max_running = settings.max_num_seqs
@@ -211,7 +213,8 @@ class RemoteEngine:
     async def _send(
         self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None, priority: int
     ) -> Answer:
-        body = {**body, "model": self.remote_model}
+        if body.get("model") not in self.adapters:
+            body = {**body, "model": self.remote_model}
         if url == RESPONSES:
             body["store"] = False
         if self.settings.remote_priority is not None:

@@ -74,6 +74,16 @@ class InferenceSettings(BaseSettings):
     served_model_name: str = ""
     """The model id clients name in ``body.model``; names the topic ``requests.<id>``. Default:
     the model."""
+    lora_adapters: dict[str, str] = Field(default_factory=dict)
+    """LoRA adapters of the model, served beside it: ``{"name": "folder", ...}`` (JSON in the
+    environment). A line whose ``body.model`` names one runs on this worker with that adapter
+    (vLLM's ``--enable-lora --lora-modules``); ``/v1/models`` lists each with this model as its
+    ``parent``. Empty: no adapter (LoRA off)."""
+    max_loras: int = Field(default=4, ge=1)
+    """vLLM ``--max-loras``: adapters the engine holds at once; another one is loaded in place of
+    the least recently used (the worker counts these loads, ``adapter_loads_total``)."""
+    max_lora_rank: int = Field(default=16, ge=1)
+    """vLLM ``--max-lora-rank``: the highest rank of any adapter served."""
     runner: str = "generate"
     """vLLM runner: ``generate`` (chat, completions) or ``pooling`` (an embeddings model)."""
     dtype: str = "auto"

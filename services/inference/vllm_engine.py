@@ -85,6 +85,10 @@ def build_args(settings: InferenceSettings) -> Namespace:
         argv.append("--enforce-eager")
     if settings.prompt_tokens_details:
         argv.append("--enable-prompt-tokens-details")
+    if settings.lora_adapters:
+        argv += ["--enable-lora", "--max-loras", str(settings.max_loras)]
+        argv += ["--max-lora-rank", str(settings.max_lora_rank), "--lora-modules"]
+        argv += [f"{name}={path}" for name, path in settings.lora_adapters.items()]
     return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
 
 
@@ -96,6 +100,7 @@ class VllmEngine:
         self.model_id = settings.model_id
         self.max_context_length = settings.max_model_len
         self.endpoints: tuple[str, ...] = ()
+        self.adapters = tuple(settings.lora_adapters)
         self.max_running = settings.max_num_seqs
         self._stack = AsyncExitStack()
         self._state = State()

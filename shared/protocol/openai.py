@@ -108,6 +108,9 @@ class BatchBase(BaseModel):
     # batchstream's extension: asked for at create; after validation, whether the lines are sent
     # in a dispatch order (docs/dispatcher.md, "Prefix order").
     prefix_order: bool = False
+    # batchstream's extension: lines may name different models and LoRA adapters (asked for at
+    # create; docs/api.md, "Mixed batches").
+    mixed_models: bool = False
 
 
 class Batch(BatchBase, SamplingDefaults):
@@ -126,6 +129,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "batchstream"
     max_context_length: int | None = None
+    # A LoRA adapter's base model (served by that model's workers); None for a base model.
+    parent: str | None = None
 
 
 class ListObject(BaseModel):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pymongo import DESCENDING, UpdateOne
@@ -43,7 +43,14 @@ DISPATCH_FIELDS = {
     "request_counts.total": 1,
     "emitted": 1,
     "resumed": 1,
+    "parts": 1,
+    "emitted_parts": 1,
 }
+
+
+def dispatch_unit(batch_id: str, part: int | None) -> str:
+    """What the dispatcher sends and positions as one: the batch, or one part of a mixed batch."""
+    return batch_id if part is None else f"{batch_id}#{part}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,27 @@ class DispatchView:
     total: int
     emitted: bool  # every line was sent
     resumed: bool  # run again after a broker loss: lines with a result (seen_lines) are not sent
+    part: int | None = None  # a mixed batch's part (the lines of ``model``), or None: every line
+    parts: int = 1  # how many parts the batch has
+
+    @property
+    def unit(self) -> str:
+        return dispatch_unit(self.batch_id, self.part)
+
+    @classmethod
+    def of_document(cls, doc: Document) -> list[DispatchView]:
+        """The batch's view, or one per part of a mixed batch (``shared/documents.py``)."""
+        view = cls.from_document(doc)
+        parts = doc.get("parts")
+        if not doc.get("mixed_models") or not parts:
+            if parts:  # one model: its base model's workers run it (an adapter's lines too)
+                return [replace(view, model=parts[0].get("model") or view.model)]
+            return [view]
+        emitted, n = set(doc.get("emitted_parts") or ()), len(parts)
+        return [
+            replace(view, model=p.get("model"), total=int(p["lines"]), part=i, parts=n, emitted=i in emitted)
+            for i, p in enumerate(parts)
+        ]
 
     @classmethod
     def from_document(cls, doc: Document) -> DispatchView:
@@ -250,10 +278,18 @@ class BatchStore:
         cursor = self._batches.find({"end_recorded": False, "$or": ended}, limit=limit)
         return [BatchDocument.model_validate(doc) async for doc in cursor]
 
-    async def start(self, batch_id: str, model: str | None, total: int, prefix_order: bool = False) -> bool:
-        """validating -> in_progress, with the model, the number of request lines and whether a
-        dispatch order was made (``services/api/dispatch/order.py``)."""
-        fields = {"model": model, "request_counts.total": total, "prefix_order": prefix_order}
+    async def start(
+        self,
+        batch_id: str,
+        model: str | None,
+        total: int,
+        prefix_order: bool = False,
+        parts: list[dict[str, Any]] | None = None,
+    ) -> bool:
+        """validating -> in_progress, with the model, the number of request lines, whether a
+        dispatch order was made (``services/api/dispatch/order.py``) and the lines' parts by base
+        model (``shared/documents.py``)."""
+        fields = {"model": model, "request_counts.total": total, "prefix_order": prefix_order, "parts": parts}
         return await self._move(batch_id, "in_progress", fields)
 
     async def fail(self, batch_id: str, errors: Iterable[BatchError]) -> bool:
@@ -292,25 +328,34 @@ class BatchStore:
 
     # ---------------------------------------------------------------- other writes
 
-    async def mark_emitted(self, batch_id: str) -> None:
-        """The dispatcher has published every line of the batch."""
-        await self._batches.update_one({"_id": batch_id}, {"$set": {"emitted": True}})
+    async def mark_emitted(self, batch_id: str, part: int | None = None, parts: int = 1) -> None:
+        """The dispatcher has published every line of the batch (of one of its ``parts``)."""
+        if part is None:
+            await self._batches.update_one({"_id": batch_id}, {"$set": {"emitted": True}})
+            return
+        await self._batches.update_one({"_id": batch_id}, {"$addToSet": {"emitted_parts": part}})
+        every = {"_id": batch_id, f"emitted_parts.{parts - 1}": {"$exists": True}}
+        await self._batches.update_one(every, {"$set": {"emitted": True}})
 
     async def mark_dispatchable(self, batch_id: str) -> None:
         """Validated: the api's dispatcher may stream its lines (services/api/dispatch)."""
         await self._batches.update_one({"_id": batch_id}, {"$set": {"dispatchable": True}})
 
-    async def settle_dispatch(self, batch_id: str) -> None:
-        """A cancelling batch whose every dispatched line came back: the aggregator may end it."""
-        await self._batches.update_one(
-            {"_id": batch_id, "status": "cancelling"}, {"$set": {"dispatch_settled": True}}
-        )
+    async def settle_dispatch(self, batch_id: str, part: int | None = None, parts: int = 1) -> None:
+        """A cancelling batch whose every dispatched line came back (of each of its ``parts``):
+        the aggregator may end it."""
+        if part is not None:
+            await self._batches.update_one({"_id": batch_id}, {"$addToSet": {"settled_parts": part}})
+        every: Document = {"_id": batch_id, "status": "cancelling"}
+        if part is not None:
+            every[f"settled_parts.{parts - 1}"] = {"$exists": True}
+        await self._batches.update_one(every, {"$set": {"dispatch_settled": True}})
 
     async def dispatch_queue(self) -> list[DispatchView]:
         """What the api's dispatcher reads of every validated batch still running or cancelling."""
         query = {"dispatchable": True, "status": {"$in": sorted(lifecycle.DISPATCHING)}}
-        found = self._batches.find(query, DISPATCH_FIELDS)
-        return [DispatchView.from_document(doc) async for doc in found]
+        found = self._batches.find(query, {**DISPATCH_FIELDS, "mixed_models": 1})
+        return [view async for doc in found for view in DispatchView.of_document(doc)]
 
     async def seen_lines(self, batch_ids: Iterable[str]) -> dict[str, SeenLines]:
         """The aggregator's seen-lines bitmaps of these batches, as last flushed."""
@@ -365,15 +410,17 @@ class BatchStore:
         await self._batches.bulk_write(updates, ordered=False)
         return len(updates)
 
-    async def resume(self, batch_id: str, counts: LiveCounts) -> None:
+    async def resume(self, batch_id: str, counts: LiveCounts) -> list[str]:
         """Run an in_progress batch again after the broker lost its messages, from what its stored
         results say (``counts``, tallied from its result chunks): the dispatcher sends only the
-        lines without a result, the aggregator counts on from these counts (``resumed``)."""
-        await self._batches.update_one(
+        lines without a result, the aggregator counts on from these counts (``resumed``). Returns
+        the batch's dispatch units (``dispatch_unit``), whose positions must go."""
+        doc = await self._batches.find_one_and_update(
             {"_id": batch_id, "status": "in_progress"},
             {
                 "$set": {
                     "emitted": False,
+                    "emitted_parts": [],
                     "resumed": True,
                     "request_counts.completed": counts.completed,
                     "request_counts.failed": counts.failed,
@@ -381,7 +428,12 @@ class BatchStore:
                     "seen_lines": counts.seen_lines or b"",
                 },
             },
+            projection={"parts": 1, "mixed_models": 1},
         )
+        parts = (doc or {}).get("parts") or ()
+        if not (doc or {}).get("mixed_models"):
+            return [batch_id]
+        return [dispatch_unit(batch_id, i) for i in range(len(parts))]
 
     # ---------------------------------------------------------------- views (the console's)
 

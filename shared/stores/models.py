@@ -5,8 +5,10 @@ called by ``services/inference/heartbeat.py``), the api reads it (document shape
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
 from shared.protocol.extensions import WorkerStatus
@@ -22,12 +24,23 @@ WORKER_FORGOTTEN_S = 600.0
 """A worker silent for this long is dropped from its model's document at the next heartbeat."""
 
 
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What validation needs of a model a line may name: the base model whose workers run it
+    (itself, or an adapter's parent: its lines go to that model's requests topic) and its
+    context length (None when unknown)."""
+
+    base: str
+    max_context_length: int | None
+
+
 def card_of(doc: Document) -> ModelCard:
     """A model document's card (the fields ``/v1/models`` lists)."""
     return ModelCard(
         id=doc["_id"],
         created=int(doc.get("created", 0)),
         max_context_length=doc.get("max_context_length"),
+        parent=doc.get("parent"),
     )
 
 
@@ -59,17 +72,36 @@ class ModelStore:
         """Every model document, by id (for status views: cards plus their workers)."""
         return await self._models.find({}).sort("_id").to_list()
 
-    async def context_lengths(self) -> dict[str, int | None]:
-        """Every known model id with its max context length (None when unknown)."""
-        cursor = self._models.find({}, {"_id": 1, "max_context_length": 1})
-        return {str(m["_id"]): m.get("max_context_length") async for m in cursor}
+    async def served(self) -> dict[str, ServedModel]:
+        """Every model and adapter a worker has announced, by the id a line names."""
+        cursor = self._models.find({}, {"_id": 1, "max_context_length": 1, "parent": 1})
+        return {
+            str(m["_id"]): ServedModel(str(m.get("parent") or m["_id"]), m.get("max_context_length"))
+            async for m in cursor
+        }
 
     async def beat(
-        self, model_id: str, worker: str, max_context_length: int | None, endpoints: list[str]
+        self,
+        model_id: str,
+        worker: str,
+        max_context_length: int | None,
+        endpoints: list[str],
+        adapters: list[str] | tuple[str, ...] = (),
     ) -> None:
-        """One worker's heartbeat: the model's facts, the worker's ``last_seen``, and workers
-        silent for ``WORKER_FORGOTTEN_S`` dropped (one update, never per request line)."""
+        """One worker's heartbeat: the model's facts (and each of its LoRA adapters', with the
+        model as ``parent``), the worker's ``last_seen``, and workers silent for
+        ``WORKER_FORGOTTEN_S`` dropped (one bulk write, never per request line)."""
         now = time.time()
+        facts = {"max_context_length": max_context_length, "endpoints": {"$literal": endpoints}}
+        updates = [
+            UpdateOne({"_id": name}, self._beat(worker, now, {**facts, "parent": parent}), upsert=True)
+            for name, parent in [(model_id, None), *((a, model_id) for a in adapters)]
+        ]
+        await self._models.bulk_write(updates, ordered=False)
+
+    @staticmethod
+    def _beat(worker: str, now: float, facts: Document) -> list[Document]:
+        """The update of one model document: ``facts``, ``last_seen``, the worker's entry."""
         others = {
             "$filter": {
                 "input": {"$ifNull": ["$workers", []]},
@@ -81,20 +113,13 @@ class ModelStore:
                 },
             }
         }
-        await self._models.update_one(
-            {"_id": model_id},
-            [
-                {
-                    "$set": {
-                        "max_context_length": max_context_length,
-                        "endpoints": {"$literal": endpoints},
-                        "last_seen": now,
-                        "created": {"$ifNull": ["$created", int(now)]},
-                        "workers": {
-                            "$concatArrays": [others, [{"id": {"$literal": worker}, "last_seen": now}]]
-                        },
-                    }
+        return [
+            {
+                "$set": {
+                    **facts,
+                    "last_seen": now,
+                    "created": {"$ifNull": ["$created", int(now)]},
+                    "workers": {"$concatArrays": [others, [{"id": {"$literal": worker}, "last_seen": now}]]},
                 }
-            ],
-            upsert=True,
-        )
+            }
+        ]

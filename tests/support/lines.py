@@ -9,6 +9,7 @@ from typing import Any
 from openai import AsyncOpenAI, OpenAI
 
 from shared.input_lines import InputLine, request_lines
+from shared.stores.models import ServedModel
 
 CHAT = "/v1/chat/completions"
 
@@ -64,3 +65,8 @@ def file_request_lines(items: Iterable[bytes]) -> AsyncIterator[InputLine]:
 async def read_lines_async(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
     """``read_lines`` with an async client."""
     return parse_jsonl((await client.files.content(file_id)).text) if file_id else []
+
+
+def served(**context_lengths: int | None) -> dict[str, ServedModel]:
+    """Served base models by name, with their context lengths (validation's ``known_models``)."""
+    return {name: ServedModel(name, length) for name, length in context_lengths.items()}

@@ -29,7 +29,7 @@ from services.api.dispatch.positions import Position, PositionStore
 from services.api.dispatch.recovery import Recovery
 from services.api.dispatch.sender import LineSender
 from services.api.dispatch.settings import DispatchSettings
-from services.api.dispatch.state import ModelState, QueuedState, Sending
+from services.api.dispatch.state import REFUSALS, ModelState, QueuedState, Sending
 from shared.kafka import ensure_topics
 from shared.mongo import Mongo
 from shared.settings import KafkaSettings
@@ -119,7 +119,7 @@ class Dispatcher:
         for model, state in self.models.items():
             # Only where lines wait: ``_meter`` runs only for a model with batches, so an idle
             # model's reading would stay due and the loop would never rest.
-            if state.held_at is not None and self._lines_waiting(model, now):
+            if state.held_at is not None and model != REFUSALS and self._lines_waiting(model, now):
                 due.append(self._next_reading(model, waiting=True))
         longest = min(s.refresh_seconds, s.lease_renew_s, s.journey_check_seconds, s.position_flush_s)
         return min(longest, max(0.0, min(due) - now))  # bounded even if the wall clock jumps back
@@ -159,14 +159,18 @@ class Dispatcher:
             await self._refresh(now)
         sent = 0
         for model in sorted({s.model for s in self.batches.values()}):
-            if await self._lead(model, now):
+            if model == REFUSALS:
+                if await self._lead(model, now):
+                    sent += await self._refuse(now)
+            elif await self._lead(model, now):
                 await self._meter(model, now)
                 sent += await self._dispatch(model, now)
         if now - self._journeys_at >= self.settings.journey_check_seconds:
             self._journeys_at = now
             for model, state in list(self.models.items()):
-                if state.held_at is not None:
-                    await self.recovery.check(model, state, self.batches, now)
+                if state.held_at is not None and model != REFUSALS:
+                    mine = {s.batch_id: s for s in self.batches.values() if s.model == model}
+                    await self.recovery.check(model, state, mine, now)
         await self._save_positions(now)
         self._publish_metrics()
         metrics.ROUNDS.inc()
@@ -175,19 +179,19 @@ class Dispatcher:
     async def _refresh(self, now: float) -> None:
         self._refresh_now, self._refreshed_at = False, now
         views = await self.batch_store.dispatch_queue()
-        fresh = [v for v in views if v.batch_id not in self.batches and v.model]
+        fresh = [v for v in views if v.unit not in self.batches and (v.model or v.part is not None)]
         if fresh:
             await self._add(fresh, now)
         for view in views:
-            state = self.batches.get(view.batch_id)
+            state = self.batches.get(view.unit)
             if state is not None:
                 state.status = view.status
-        gone = set(self.batches) - {v.batch_id for v in views}
+        gone = set(self.batches) - {v.unit for v in views}
         if gone:
             await self._forget(gone)
 
     async def _add(self, views: list[DispatchView], now: float) -> None:
-        positions = await self.positions.load([v.batch_id for v in views])
+        positions = await self.positions.load([v.unit for v in views])
         keys = await self.files.object_keys(list({v.input_file_id for v in views}))
         # A batch resumed after a broker loss: its lines with a stored result are not sent again.
         answered = await self.batch_store.seen_lines([v.batch_id for v in views if v.resumed])
@@ -195,21 +199,23 @@ class Dispatcher:
             key = keys.get(view.input_file_id)
             if key is None:
                 continue  # the input file is gone: the batch cannot run (finalize fills it)
-            position = Position.from_document(positions.get(view.batch_id), done=view.emitted)
+            position = Position.from_document(positions.get(view.unit), done=view.emitted)
             state = QueuedState.from_view(view, key, position)
             state.answered = answered.get(view.batch_id)
-            self.batches[state.batch_id] = state
+            self.batches[state.unit] = state
+            if state.model == REFUSALS:
+                continue  # answered here, never on Kafka's requests topics
             # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
             book = self._model(state.model).book
             book.doubt(state.batch_id, position.line, position.byte, position.sent, now)
 
-    async def _forget(self, batch_ids: set[str]) -> None:
-        for batch_id in batch_ids:
-            state = self.batches.pop(batch_id, None)
+    async def _forget(self, units: set[str]) -> None:
+        for unit in units:
+            state = self.batches.pop(unit, None)
             if state is None:
                 continue
             await state.close_cursor()
-            self._model(state.model).book.forget([batch_id])
+            self._model(state.model).book.forget([state.batch_id])
         for model, model_state in self.models.items():
             model_state.policy.forget({s.project for s in self.batches.values() if s.model == model})
 
@@ -319,7 +325,7 @@ class Dispatcher:
         load = state.book.in_topic_by_partition() if self.settings.affinity else {}
         try:
             for grant in state.policy.plan(queue, budget, now):
-                batch = self.batches[grant.batch_id]
+                batch = self.batches[grant.batch_id]  # the policy's batch is a dispatch unit
                 cursor = batch.open_cursor(self.store)
                 read.append(batch)
                 for line in await batch.take_unanswered(cursor, grant.lines):
@@ -340,15 +346,46 @@ class Dispatcher:
         for item, meta in zip(pending, metas, strict=True):
             state.record(item, meta.partition, meta.offset)
             item.batch.position.sent += 1
-        for batch in read:  # every line read is on Kafka: the position moves past them
+        self._advance(read)
+        metrics.DISPATCHED.labels(model).inc(len(pending))
+        return len(pending)
+
+    @staticmethod
+    def _advance(read: list[QueuedState]) -> None:
+        """Every line read is on Kafka: the positions move past them."""
+        for batch in read:
             assert batch.cursor is not None
             batch.position.sent, batch.skipped = batch.position.sent + batch.skipped, 0
             batch.position.line, batch.position.byte = batch.cursor.line, batch.cursor.byte
             # Done at the end of the file, or once every request line went (trailing blanks).
             batch.position.done = batch.cursor.exhausted or batch.position.sent >= batch.total
             batch.started = batch.dirty = True
-        metrics.DISPATCHED.labels(model).inc(len(pending))
-        return len(pending)
+
+    async def _refuse(self, now: float) -> int:
+        """The lines of mixed batches that name no served model: each one's ``model_not_found``
+        error result, published like the lines' results (bounded per round); a cancelled batch's
+        are left to finalize (``batch_cancelled``), and its refusals part is settled at once."""
+        answered = 0
+        for batch in [b for b in self.batches.values() if b.model == REFUSALS]:
+            if batch.status == "cancelling" and not batch.settled:
+                await self.batch_store.settle_dispatch(batch.batch_id, batch.part, batch.parts)
+                batch.settled = True
+            if not batch.dispatchable(now) or batch.remaining <= 0:
+                continue
+            cursor = batch.open_cursor(self.store)
+            try:
+                lines = await batch.take_unanswered(cursor, self.settings.round_lines - answered)
+                await self.sender.refuse(batch.batch_id, lines)
+            except Exception:
+                batch.skipped = 0
+                await batch.close_cursor()
+                raise
+            batch.position.sent += len(lines)
+            self._advance([batch])
+            answered += len(lines)
+            if answered >= self.settings.round_lines:
+                break
+        return answered
 
     # ------------------------------------------------------------- positions
 
@@ -362,10 +399,10 @@ class Dispatcher:
                 and now - batch.saved_at < self.settings.position_flush_s
             ):
                 continue
-            await self.positions.save(batch.batch_id, batch.position)
+            await self.positions.save(batch.unit, batch.position)
             batch.dirty, batch.saved_at = False, now
             if batch.position.done and not batch.emitted:
-                await self.batch_store.mark_emitted(batch.batch_id)
+                await self.batch_store.mark_emitted(batch.batch_id, batch.part, batch.parts)
                 batch.emitted = True
                 await batch.close_cursor()
 

@@ -23,6 +23,10 @@ prefix keeps its place in the file, so a file without shared prefixes is sent in
 order, each behind a ``HEADER`` (its byte offset and length in the input, its line number, group
 and rank), so the dispatcher reads it front to back like the input: no ranged read per line.
 
+**Tags.** A line may carry a tag (a mixed batch's: which of the part's models or LoRA adapters it
+names, numbered by first appearance): the order sends the lines of one tag together, tag by tag,
+so a worker swaps adapters as rarely as it can; no group spans two tags. Untagged lines are tag 0.
+
 **Bounded memory.** Validation keeps a small record per line (its key, number and place), not
 the line. Both sorts are external: runs of at most ``RUN_BYTES`` are sorted in memory, spilled to
 a temporary file and merged (``heapq.merge``); the run table holds 16 bytes per run. The lines
@@ -59,10 +63,10 @@ _KEY_TEXT = BLOCK_BYTES * MAX_BLOCKS
 _DIGESTS = [struct.Struct(f">{n}I{KEY_BYTES - n * DIGEST}x") for n in range(MAX_BLOCKS + 1)]
 _crc32 = zlib.crc32
 # What the sorts compare, packed big-endian so that the bytes compare as the values do.
-_KEYED = struct.Struct(f">{KEY_BYTES}sIQI")  # prefix key, number, start, length
-# The group's first number, the line's key up to what it shares with a neighbour, number, start,
-# length, group id.
-_PLACED = struct.Struct(f">I{KEY_BYTES}sIQIQ")
+_KEYED = struct.Struct(f">I{KEY_BYTES}sIQI")  # tag, prefix key, number, start, length
+# The tag, the group's first number, the line's key up to what it shares with a neighbour,
+# number, start, length, group id.
+_PLACED = struct.Struct(f">II{KEY_BYTES}sIQIQ")
 
 
 # ------------------------------------------------------------------------------------ prompt text
@@ -163,39 +167,41 @@ class OrderBuilder:
         self._plan: IO[bytes] | None = None
         self.stats = OrderStats()
 
-    def add(self, line: InputLine, text: str | None) -> None:
+    def add(self, line: InputLine, text: str | None, tag: int = 0) -> None:
         key = prefix_key(text) if text else b"\0" * KEY_BYTES
-        self._keys.add(_KEYED.pack(key, line.number, line.start, len(line.raw)))
+        self._keys.add(_KEYED.pack(tag, key, line.number, line.start, len(line.raw)))
         self.stats.lines += 1
 
-    def _walk(self) -> Iterator[tuple[bool, bytes, int, int, int]]:
-        """The sorted lines as ``(starts a run, key, number, start, length)``."""
+    def _walk(self) -> Iterator[tuple[bool, int, bytes, int, int, int]]:
+        """The sorted lines as ``(starts a run, tag, key, number, start, length)``."""
         previous: bytes | None = None
+        last_tag = -1
         for record in self._keys.sorted():
-            key, number, start, length = _KEYED.unpack(record)
-            fresh = previous is None or shared_blocks(previous, key) < self.min_blocks
-            previous = key
-            yield fresh, key, number, start, length
+            tag, key, number, start, length = _KEYED.unpack(record)
+            fresh = tag != last_tag or previous is None or shared_blocks(previous, key) < self.min_blocks
+            previous, last_tag = key, tag
+            yield fresh, tag, key, number, start, length
 
-    def _depths(self) -> Iterator[tuple[bool, bytes, int, int, int, int]]:
-        """``_walk`` with how many blocks each line shares with the nearer of its neighbours."""
+    def _depths(self) -> Iterator[tuple[bool, int, bytes, int, int, int, int]]:
+        """``_walk`` with how many blocks each line shares with the nearer of its neighbours (of
+        its tag)."""
         before = 0
-        held: tuple[bool, bytes, int, int, int] | None = None
+        held: tuple[bool, int, bytes, int, int, int] | None = None
         for item in self._walk():
             if held is not None:
-                after = shared_blocks(held[1], item[1])
-                yield held[0], held[1], max(before, after), held[2], held[3], held[4]
+                after = shared_blocks(held[2], item[2]) if held[1] == item[1] else 0
+                yield held[0], held[1], held[2], max(before, after), held[3], held[4], held[5]
                 before = after
             held = item
         if held is not None:
-            yield held[0], held[1], before, held[2], held[3], held[4]
+            yield held[0], held[1], held[2], before, held[3], held[4], held[5]
 
     def plan(self) -> OrderStats:
         """Find the order (kept in a temporary file for ``write``); returns what it found."""
         firsts, ids, sizes = array("I"), array("Q"), array("I")
         head = b""
         common = 0
-        for fresh, key, number, _, _ in self._walk():
+        for fresh, _, key, number, _, _ in self._walk():
             if fresh:
                 if sizes:
                     ids.append(_group_id(head, common, sizes[-1]))
@@ -212,17 +218,17 @@ class OrderBuilder:
         self._plan = tempfile.TemporaryFile()
         try:
             group = -1
-            for fresh, key, depth, number, start, length in self._depths():
+            for fresh, tag, key, depth, number, start, length in self._depths():
                 group += fresh
                 # Within a group, lines sharing more than the group's prefix stay together (their
                 # key up to what they share with a neighbour); the rest keep their file order.
                 sub = key[: depth * DIGEST].ljust(KEY_BYTES, b"\0")
-                places.add(_PLACED.pack(firsts[group], sub, number, start, length, ids[group]))
-            previous, rank, last_group = 0, 0, -1
+                places.add(_PLACED.pack(tag, firsts[group], sub, number, start, length, ids[group]))
+            previous, rank, last_group = 0, 0, (-1, -1)
             for record in places.sorted():
-                first, _, number, start, length, group_id = _PLACED.unpack(record)
-                rank = rank + 1 if first == last_group else 0
-                last_group = first
+                tag, first, _, number, start, length, group_id = _PLACED.unpack(record)
+                rank = rank + 1 if (tag, first) == last_group else 0
+                last_group = (tag, first)
                 self._plan.write(HEADER.pack(start, length, number, group_id, rank))
                 self.stats.in_file_order &= number > previous
                 previous = number
@@ -254,6 +260,34 @@ class OrderBuilder:
         if self._plan is not None:
             self._plan.close()
             self._plan = None
+
+
+NO_GROUPS = 1 << 30
+"""``min_shared_chars`` that makes no prefix group (a mixed batch sent without prefix order)."""
+
+
+class PartOrders:
+    """A mixed batch's dispatch orders, one per part: the lines of one base model (each tagged
+    with the model or adapter it names, so each adapter's lines go together), and a part of base
+    None for the lines that name no served model. Parts are numbered by first appearance."""
+
+    def __init__(self, min_shared_chars: int, run_bytes: int = RUN_BYTES) -> None:
+        self.min_shared_chars, self._run_bytes = min_shared_chars, run_bytes
+        self.parts: dict[str | None, OrderBuilder] = {}
+        self._tags: dict[tuple[str | None, str], int] = {}
+
+    def add(self, base: str | None, model: str, line: InputLine, text: str | None) -> None:
+        builder = self.parts.get(base)
+        if builder is None:
+            builder = self.parts[base] = OrderBuilder(self.min_shared_chars, self._run_bytes)
+        tag = self._tags.get((base, model))
+        if tag is None:
+            tag = self._tags[base, model] = sum(1 for b, _ in self._tags if b == base)
+        builder.add(line, text, tag)
+
+    def close(self) -> None:
+        for builder in self.parts.values():
+            builder.close()
 
 
 def _group_id(head: bytes, common: int, size: int) -> int:

@@ -31,6 +31,7 @@ class Recovery:
         self.batches, self.store, self.sender, self.settings = batches, store, sender, settings
 
     async def check(self, model: str, state: ModelState, batches: dict[str, QueuedState], now: float) -> None:
+        """``batches``: the model's, by batch id (a batch has one dispatch unit per model)."""
         await self._settle_cancels(state, [b for b in batches.values() if b.model == model], now)
         to_check = state.book.batches_to_check()
         state.book.forget(b for b in to_check if b not in batches)
@@ -49,7 +50,8 @@ class Recovery:
         cancelling = {b.batch_id: b for b in batches if b.status == "cancelling" and not b.settled}
         for batch_id, seen in (await self._seen(list(cancelling))).items():
             if state.book.cancel_settled(batch_id, seen, now):
-                await self.batches.settle_dispatch(batch_id)
+                batch = cancelling[batch_id]
+                await self.batches.settle_dispatch(batch_id, batch.part, batch.parts)
                 cancelling[batch_id].settled = True
                 await cancelling[batch_id].close_cursor()
 

@@ -13,12 +13,14 @@ from services.api.dispatch.reader import InputLine
 from services.api.dispatch.state import QueuedState
 from shared import ids
 from shared.kafka import encode
-from shared.protocol.batch_input import parse_raw_line
+from shared.protocol.batch_input import UTF8_BOM, parse_raw_line
 from shared.protocol.messages import LineError, ResultMessage, request_message_json
 from shared.settings import KafkaSettings
 from shared.topics import results_topic
 
 LOST_MESSAGE = "This request was sent {n} times and no result ever reached the batch."
+MODEL_NOT_FOUND = "model_not_found"
+NO_MODEL = "The model {model!r} does not exist (no worker serves it)."
 
 
 class LineSender:
@@ -43,6 +45,24 @@ class LineSender:
             expires_at=batch.expires_at,
         )
         return await self.producer.send(topic, message, partition=partition)
+
+    async def refuse(self, batch_id: str, lines: list[InputLine]) -> None:
+        """Publish each line's ``model_not_found`` error result (a mixed batch's line naming a
+        model no worker serves): the aggregator counts it like any."""
+        futures = []
+        for line in lines:
+            item = orjson.loads(line.raw.removeprefix(UTF8_BOM))
+            body = item.get("body") if isinstance(item.get("body"), dict) else {}
+            result = ResultMessage(
+                request_id=ids.batch_request_id(),
+                custom_id=str(item.get("custom_id", "")),
+                batch_id=batch_id,
+                line=line.number,
+                error=LineError(code=MODEL_NOT_FOUND, message=NO_MODEL.format(model=body.get("model"))),
+            )
+            key = batch_id.encode()
+            futures.append(await self.producer.send(self.results_topic, encode(result), key=key))
+        await asyncio.gather(*futures)
 
     async def lost(self, batch_id: str, lines: list[SentLine], raws: list[bytes]) -> None:
         """Publish each line's ``line_lost`` error result: the aggregator counts it like any."""

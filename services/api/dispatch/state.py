@@ -17,7 +17,11 @@ from services.api.dispatch.reader import InputCursor, InputLine, scan
 from shared.protocol.messages import SamplingDefaults
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key
-from shared.stores.batches import DispatchView
+from shared.stores.batches import DispatchView, dispatch_unit
+
+REFUSALS = ""
+"""The model of a mixed batch's part whose lines name no served model: the dispatcher answers
+each with a ``model_not_found`` error result (no worker runs them)."""
 
 SKIP_PER_ROUND = 20_000
 """Answered lines of a resumed batch the dispatcher passes over in one round, at most."""
@@ -25,7 +29,7 @@ SKIP_PER_ROUND = 20_000
 
 @dataclass
 class QueuedState:
-    """One batch the dispatcher may send lines of."""
+    """One batch (or one part of a mixed batch: ``part``) the dispatcher may send lines of."""
 
     batch_id: str
     model: str
@@ -47,13 +51,16 @@ class QueuedState:
     saved_at: float = 0.0
     answered: SeenLines | None = None  # resumed: the lines that had a result (not sent again)
     skipped: int = 0  # of those, passed over by the cursor and not yet counted in the position
+    part: int | None = None  # a mixed batch's part: its lines are those of its own dispatch order
+    parts: int = 1
 
     @classmethod
     def from_view(cls, view: DispatchView, object_key: str, position: Position) -> QueuedState:
-        assert view.model is not None  # the dispatcher only takes batches whose model is known
+        # The dispatcher only takes batches whose model is known, and a mixed batch's parts.
+        assert view.model is not None or view.part is not None
         return cls(
             batch_id=view.batch_id,
-            model=view.model,
+            model=view.model or REFUSALS,
             project=view.project,
             status=view.status,
             total=view.total,
@@ -63,10 +70,21 @@ class QueuedState:
             object_key=object_key,
             defaults=SamplingDefaults.model_validate(view.defaults),
             position=position,
-            ordered=view.prefix_order,
+            ordered=view.prefix_order or view.part is not None,
             emitted=view.emitted,
             started=position.sent > 0,
+            part=view.part,
+            parts=view.parts,
         )
+
+    @property
+    def unit(self) -> str:
+        """The batch's id, or its part's (``shared.stores.batches.dispatch_unit``)."""
+        return dispatch_unit(self.batch_id, self.part)
+
+    @property
+    def order_key(self) -> str:
+        return dispatch_order_key(self.batch_id, self.part)
 
     @cached_property
     def defaults_json(self) -> dict[str, Any]:
@@ -82,7 +100,7 @@ class QueuedState:
 
     def queued(self) -> QueuedBatch:
         return QueuedBatch(
-            batch_id=self.batch_id,
+            batch_id=self.unit,
             project=self.project,
             remaining=self.remaining,
             priority=self.priority,
@@ -96,7 +114,7 @@ class QueuedState:
         if self.cursor is None:
             p = self.position
             self.cursor = (
-                OrderCursor(store, dispatch_order_key(self.batch_id), p.line, p.byte)
+                OrderCursor(store, self.order_key, p.line, p.byte)
                 if self.ordered
                 else InputCursor(store, self.object_key, p.line, p.byte)
             )
@@ -129,7 +147,7 @@ class QueuedState:
     def sent_before(self, store: ObjectStore, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:
         """The lines sent before a position (a takeover's check of an earlier dispatcher's)."""
         if self.ordered:
-            return scan_order(store, dispatch_order_key(self.batch_id), upto_line)
+            return scan_order(store, self.order_key, upto_line)
         return scan(store, self.object_key, upto_line, upto_byte)
 
     async def close_cursor(self) -> None:

@@ -14,7 +14,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pymongo.errors import ConnectionFailure
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
-from services.api.dispatch.order import OrderBuilder
+from services.api.dispatch.order import NO_GROUPS, OrderBuilder, PartOrders
 from services.api.dispatch.settings import DispatchSettings
 from services.api.schemas import BatchCreateParams
 from services.api.service.announcer import ControlAnnouncer
@@ -141,6 +141,7 @@ class BatchService:
             ),
             priority=params.priority or 0,
             prefix_order=self.dispatch.prefix_order and params.prefix_order is not False,
+            mixed_models=bool(params.mixed_models),
         )
         await self.batches.insert(batch)
         self.start_processing(batch, input_file)
@@ -281,12 +282,16 @@ class BatchService:
             return None
         validator = InputValidator(
             endpoint=batch.endpoint,
-            known_models=await self.models.context_lengths(),
+            known_models=await self.models.served(),
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
         )
-        order = OrderBuilder(self.dispatch.prefix_min_shared_chars) if batch.prefix_order else None
-        validator.order = order
+        min_shared = self.dispatch.prefix_min_shared_chars
+        order, parts = None, None
+        if batch.mixed_models:
+            parts = validator.parts = PartOrders(min_shared if batch.prefix_order else NO_GROUPS)
+        elif batch.prefix_order:
+            order = validator.order = OrderBuilder(min_shared)
         try:
             report = await validator.run(request_lines(self.store.iter_chunks(input_file.object_key)))
             if not report.ok:
@@ -297,10 +302,15 @@ class BatchService:
                 )
                 return None
             ordered = order is not None and await self._save_order(batch.id, input_file.object_key, order)
+            stored = await self._save_parts(batch.id, input_file.object_key, parts) if parts else None
         finally:
-            if order is not None:
-                order.close()  # its temporary files
-        if not await self.batches.start(batch.id, report.model, report.lines, prefix_order=ordered):
+            for made in (order, parts):
+                if made is not None:
+                    made.close()  # their temporary files
+        if stored is None:  # one model: its base model's workers run every line
+            stored = [{"model": report.base, "lines": report.lines}]
+        ordered = ordered or (parts is not None and batch.prefix_order)
+        if not await self.batches.start(batch.id, report.model, report.lines, ordered, stored):
             return None  # cancelled (or ended) meanwhile
         counts = batch.request_counts.model_copy(update={"total": report.lines})
         return batch.model_copy(
@@ -319,17 +329,31 @@ class BatchService:
         stats = await asyncio.to_thread(order.plan)
         if not stats.worth_storing:
             return False
-        with tempfile.TemporaryFile() as source, tempfile.NamedTemporaryFile(suffix=".order") as out:
-            async for chunk in self.store.iter_chunks(input_key):  # a local copy when it has one
-                await asyncio.to_thread(source.write, chunk)
-            await asyncio.to_thread(order.write, out, source)
-            out.flush()
-            await self.store.put_file(dispatch_order_key(batch_id), out.name)
+        await self._write_order(dispatch_order_key(batch_id), input_key, order)
         log.info(
             "dispatch order made",
             extra={"batch_id": batch_id, "groups": stats.groups, "grouped_lines": stats.grouped},
         )
         return True
+
+    async def _save_parts(self, batch_id: str, input_key: str, parts: PartOrders) -> list[dict[str, Any]]:
+        """Write each part's dispatch order of a mixed batch; returns the parts to store
+        (``shared/documents.py``)."""
+        stored = []
+        for i, (base, order) in enumerate(parts.parts.items()):
+            stats = await asyncio.to_thread(order.plan)
+            await self._write_order(dispatch_order_key(batch_id, i), input_key, order)
+            stored.append({"model": base, "lines": stats.lines})
+        log.info("mixed batch split", extra={"batch_id": batch_id, "parts": stored})
+        return stored
+
+    async def _write_order(self, key: str, input_key: str, order: OrderBuilder) -> None:
+        with tempfile.TemporaryFile() as source, tempfile.NamedTemporaryFile(suffix=".order") as out:
+            async for chunk in self.store.iter_chunks(input_key):  # a local copy when it has one
+                await asyncio.to_thread(source.write, chunk)
+            await asyncio.to_thread(order.write, out, source)
+            out.flush()
+            await self.store.put_file(key, out.name)
 
     async def _fail(self, batch: BatchDocument, errors: list[BatchError]) -> None:
         await self.batches.fail(batch.id, errors)

@@ -18,12 +18,13 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from services.api.dispatch.order import OrderBuilder, prompt_text
+from services.api.dispatch.order import OrderBuilder, PartOrders, prompt_text
 from services.api.spill import SortedRuns
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
 from shared.seen_lines import MAX_LINE_NUMBER
+from shared.stores.models import ServedModel
 
 ID_RUN_BYTES = 8 * 1024 * 1024
 """Memory for the custom_id records sorted at a time (about 80,000 lines' worth)."""
@@ -70,7 +71,9 @@ class ValidationReport:
     """What one pass over the input file found."""
 
     lines: int = 0
-    model: str | None = None
+    model: str | None = None  # the first line's
+    base: str | None = None  # the base model whose workers run ``model`` (itself, or its parent)
+    served_lines: int = 0  # lines naming a served model (of a mixed batch: the rest are refused)
     errors: list[BatchError] = field(default_factory=list)
     error_count: int = 0
 
@@ -82,10 +85,13 @@ class ValidationReport:
 @dataclass
 class InputValidator:
     endpoint: str
-    known_models: Mapping[str, int | None]  # model id -> its max context length, if known
+    known_models: Mapping[str, ServedModel]  # the models and adapters lines may name
     max_lines: int
     max_reported_errors: int
     order: OrderBuilder | None = None  # fed each line's prompt prefix (the dispatch order)
+    parts: PartOrders | None = None
+    """A mixed batch's (``mixed_models``): lines may name any served model or adapter; each goes
+    to its base model's part, a line naming no served model to the refused part (base None)."""
     _custom_ids: CustomIdCheck = field(default_factory=lambda: CustomIdCheck())
     _report: ValidationReport = field(default_factory=ValidationReport)
 
@@ -102,13 +108,21 @@ class InputValidator:
                 if self._report.lines > self.max_lines:
                     continue  # the batch fails anyway: the lines are only counted
                 body = self._check_line(line.number, line.raw)
+                text = prompt_text(self.endpoint, body) if body is not None else None
                 if self.order is not None:
-                    self.order.add(line, prompt_text(self.endpoint, body) if body is not None else None)
+                    self.order.add(line, text)
+                elif self.parts is not None and body is not None:
+                    model = body.get("model")
+                    if isinstance(model, str) and model:
+                        known = self.known_models.get(model)
+                        self.parts.add(known.base if known else None, model, line, text)
             self._report_repeats()
         finally:
             self._custom_ids.close()
         if self._report.lines == 0:
             self._error(None, "empty_file", "The input file has no request lines.")
+        elif self.parts is not None and self._report.served_lines == 0 and self._report.ok:
+            self._error(None, "model_not_found", "No line names a model that a worker serves.", "body.model")
         elif self._report.lines > self.max_lines:
             self._error(
                 None,
@@ -207,13 +221,16 @@ class InputValidator:
         if not isinstance(model, str) or not model:
             self._error(number, "missing_required_parameter", "Missing body.model.", "body.model")
             return
-        if model not in self.known_models:
+        known = self.known_models.get(model)
+        if known is not None:
+            self._report.served_lines += 1
+            self._check_token_limit(number, body, known.max_context_length)
+        elif self.parts is None:  # in a mixed batch, the line's own error result
             self._error(number, "model_not_found", f"The model {model!r} does not exist.", "body.model")
-        else:
-            self._check_token_limit(number, body, self.known_models[model])
         if self._report.model is None:
             self._report.model = model
-        elif model != self._report.model:
+            self._report.base = known.base if known else None
+        elif model != self._report.model and self.parts is None:
             self._error(
                 number,
                 "mismatched_model",

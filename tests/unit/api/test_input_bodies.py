@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from services.api.service.validation import InputValidator
-from tests.support.lines import file_request_lines
+from tests.support.lines import file_request_lines, served
 
 
 async def errors_for(endpoint: str, body: dict[str, Any]) -> list[tuple[str, str | None]]:
     raw = json.dumps({"custom_id": "a", "method": "POST", "url": endpoint, "body": {"model": "m", **body}})
-    report = await InputValidator(endpoint, {"m": None}, 10, 10).run(file_request_lines([raw.encode()]))
+    report = await InputValidator(endpoint, served(m=None), 10, 10).run(file_request_lines([raw.encode()]))
     return [(e.code, e.param) for e in report.errors]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from services.api.service.validation import CustomIdCheck, InputValidator, ValidationReport
-from tests.support.lines import file_request_lines
+from tests.support.lines import file_request_lines, served
 
 ENDPOINT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -26,7 +26,7 @@ def line(custom_id: str = "a", **overrides: Any) -> bytes:
 
 
 async def validate(items: list[bytes], max_lines: int = 100, max_errors: int = 100) -> ValidationReport:
-    validator = InputValidator(ENDPOINT, {"m": 1024, "other": None}, max_lines, max_errors)
+    validator = InputValidator(ENDPOINT, served(m=1024, other=None), max_lines, max_errors)
     return await validator.run(file_request_lines(items))
 
 
@@ -102,7 +102,7 @@ def response_line(custom_id: str, **body: Any) -> bytes:
 
 
 async def validate_responses(items: list[bytes]) -> ValidationReport:
-    return await InputValidator(RESPONSES, {"m": 1024}, 100, 100).run(file_request_lines(items))
+    return await InputValidator(RESPONSES, served(m=1024), 100, 100).run(file_request_lines(items))
 
 
 async def test_a_good_responses_file_passes() -> None:
@@ -157,7 +157,7 @@ async def test_repeated_custom_ids_are_reported_at_each_repeat_in_line_order() -
 
 
 async def test_repeats_spilled_across_runs_are_all_counted_and_the_first_ones_reported() -> None:
-    validator = InputValidator(ENDPOINT, {"m": 1024}, 10_000, max_reported_errors=5)
+    validator = InputValidator(ENDPOINT, served(m=1024), 10_000, max_reported_errors=5)
     validator._custom_ids = CustomIdCheck(run_bytes=4096)  # a few dozen records per run: many runs
     items = [line(f"id-{i % 700}") for i in range(2000)]
     report = await validator.run(file_request_lines(items))
@@ -176,6 +176,6 @@ async def test_a_file_past_the_largest_line_number_fails_however_few_requests_it
 
 
 async def test_repeats_are_counted_even_when_no_error_is_reported() -> None:
-    validator = InputValidator(ENDPOINT, {"m": 1024}, 100, max_reported_errors=0)
+    validator = InputValidator(ENDPOINT, served(m=1024), 100, max_reported_errors=0)
     report = await validator.run(file_request_lines([line("x"), line("x")]))
     assert not report.ok and report.error_count == 1 and report.errors == []

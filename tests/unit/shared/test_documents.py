@@ -33,6 +33,7 @@ STORED_BATCH_FIELDS = {
     "usage",
     "priority",
     "prefix_order",
+    "mixed_models",
     "project",
     "defaults",
     "sort_key",
@@ -43,6 +44,9 @@ STORED_BATCH_FIELDS = {
     "dispatch_settled",
     "seen_lines",
     "resumed",
+    "parts",
+    "emitted_parts",
+    "settled_parts",
     "end_recorded",
 }
 STORED_FILE_FIELDS = {
