@@ -311,9 +311,6 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         "BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME": model.served_name,
         "BATCHSTREAM_INFERENCE_RUNNER": model.runner,
         "BATCHSTREAM_INFERENCE_REMOTE_URL": model.remote_url,
-        "BATCHSTREAM_INFERENCE_LORA_ADAPTERS": json.dumps(
-            {name: str(Path(path).resolve()) for name, path in model.adapters}
-        ),
         "BATCHSTREAM_INFERENCE_HEALTH_PORT": str(port),
         "BATCHSTREAM_INFERENCE_ENFORCE_EAGER": "true",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -322,6 +319,9 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    if model.adapters:
+        adapters = {name: str(Path(path).resolve()) for name, path in model.adapters}
+        env["BATCHSTREAM_INFERENCE_LORA_ADAPTERS"] = json.dumps(adapters)
     if model.runner == "pooling":
         # An embeddings model's own context is short (MiniLM: 256 tokens): let vLLM take the
         # model's limit (0) unless the environment says otherwise.
