@@ -118,3 +118,25 @@ class ChunkTally:
         usage = TokenUsage.from_body_usage(body.get("usage") if isinstance(body, dict) else None)
         for key, value in token_sums(usage).items():
             self.usage[key] += value
+
+
+class UsageByModel:
+    """A mixed batch's usage per model (each answer's ``body.model``: a model or an adapter), from
+    its output file's lines; ``documents`` gives the Batch object's ``usage_by_model``."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, dict[str, int]] = {}
+
+    def add(self, output_line: bytes) -> None:
+        try:
+            body = (json.loads(output_line).get("response") or {}).get("body")
+        except (ValueError, AttributeError):
+            return
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return
+        sums = self.sums.setdefault(body["model"], dict.fromkeys(USAGE_KEYS, 0))
+        for key, value in token_sums(TokenUsage.from_body_usage(body.get("usage"))).items():
+            sums[key] += value
+
+    def documents(self) -> dict[str, dict[str, Any]]:
+        return {model: usage_document(flat) for model, flat in sorted(self.sums.items())}

@@ -35,6 +35,7 @@ from shared.input_lines import request_lines
 from shared.protocol.messages import NotRunCode
 from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
+from shared.result_chunks import UsageByModel
 from shared.storage import ObjectNotFound, ObjectStore, batch_prefix, file_key, result_chunk_prefix
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
@@ -55,6 +56,14 @@ def output_file_id(batch_id: str, kind: str) -> str:
     """The deterministic id of a batch's ``output`` or ``error`` file."""
     digest = hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()
     return f"file-{digest[:24]}"
+
+
+def _usage_by_model(output: Path) -> dict[str, Any]:
+    tally = UsageByModel()
+    with output.open("rb") as lines:
+        for line in lines:
+            tally.add(line)
+    return tally.documents()
 
 
 def _make_work_dir(parent: str, batch_id: str) -> str:
@@ -157,7 +166,9 @@ class Finalizer:
         fill = None
         if reason is not None and total > 0:
             fill = Fill(reason.code, input_file_id, state.seen)
-        update = await self._write_files(batch_id, batch.project, fill, batch.output_files_expire_at())
+        update = await self._write_files(
+            batch_id, batch.project, fill, batch.output_files_expire_at(), by_model=batch.mixed_models
+        )
         counts = update["request_counts"]
         counts["total"] = total
         if fill is not None and counts["completed"] + counts["failed"] != total:
@@ -191,8 +202,11 @@ class Finalizer:
         await purge_if_released(self._files, self._batches, self._store, input_file_id)
 
     async def _write_files(
-        self, batch_id: str, project: str, fill: Fill | None, expires_at: int | None
+        self, batch_id: str, project: str, fill: Fill | None, expires_at: int | None, by_model: bool = False
     ) -> dict[str, Any]:
+        """Write and register the files; with ``by_model``, also the usage per model (read back
+        from the output file: a mixed batch's only)."""
+        usage_by_model = None
         work = Path(await asyncio.to_thread(_make_work_dir, self._work_dir, batch_id))
         try:
             chunks = await self._download_chunks(batch_id, work)
@@ -201,6 +215,8 @@ class Finalizer:
             output, errors = work / "output.jsonl", work / "error.jsonl"
             split = await asyncio.to_thread(merge_and_split, chunks, work, output, errors)
             output_id = error_id = None
+            if by_model:
+                usage_by_model = await asyncio.to_thread(_usage_by_model, output)
             if split.completed:
                 output_id = await self._register(batch_id, "output", output, project, expires_at)
             if split.failed:
@@ -211,6 +227,7 @@ class Finalizer:
             "output_file_id": output_id,
             "error_file_id": error_id,
             "request_counts": {"completed": split.completed, "failed": split.failed},
+            "usage_by_model": usage_by_model,
         }
 
     async def _write_fill(self, batch_id: str, fill: Fill, work: Path) -> Path | None:

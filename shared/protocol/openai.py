@@ -111,6 +111,8 @@ class BatchBase(BaseModel):
     # batchstream's extension: lines may name different models and LoRA adapters (asked for at
     # create; docs/api.md, "Mixed batches").
     mixed_models: bool = False
+    # batchstream's extension, of a mixed batch once it has ended: ``usage`` per model or adapter.
+    usage_by_model: dict[str, BatchUsage] | None = None
 
 
 class Batch(BatchBase, SamplingDefaults):

@@ -314,8 +314,10 @@ class BatchStore:
         error_file_id: str | None,
         request_counts: Mapping[str, int],
         usage: Mapping[str, Any],
+        usage_by_model: Mapping[str, Any] | None = None,
     ) -> bool:
-        """-> a terminal status, with the output and error files and the final counts."""
+        """-> a terminal status, with the output and error files and the final counts (and a
+        mixed batch's usage per model)."""
         if status not in lifecycle.TERMINAL:
             raise lifecycle.TransitionRefused(f"finish needs a terminal status, not {status!r}")
         fields = {
@@ -324,6 +326,8 @@ class BatchStore:
             "request_counts": dict(request_counts),
             "usage": dict(usage),
         }
+        if usage_by_model is not None:
+            fields["usage_by_model"] = dict(usage_by_model)
         return await self._move(batch_id, status, fields)
 
     # ---------------------------------------------------------------- other writes

@@ -125,6 +125,11 @@ def test_a_mixed_batch_answers_each_line_from_the_model_it_names(
         # Same weights, same greedy answer; the adapter changes it.
         assert answers[BASE, i] == answers[session_model, i]
         assert answers[ADAPTER, i] != answers[BASE, i], (i, answers)
+    by_model = (done.model_extra or {})["usage_by_model"]
+    assert set(by_model) == {BASE, ADAPTER, session_model}
+    assert done.usage is not None
+    assert sum(u["total_tokens"] for u in by_model.values()) == done.usage.total_tokens > 0
+    assert all(u["output_tokens"] > 0 for u in by_model.values())
     errors = read_lines(client, done.error_file_id)
     assert sorted(r["custom_id"] for r in errors) == sorted(c for c, m in expected if m == UNKNOWN)
     for record in errors:

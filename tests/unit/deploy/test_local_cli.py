@@ -9,6 +9,7 @@ import typer
 
 from deploy.local.cli import build_stack, ports
 from deploy.local.ports import Ports
+from services.inference.settings import InferenceSettings
 
 
 def test_port_options_replace_only_the_ports_they_name() -> None:
@@ -28,3 +29,18 @@ def test_the_fake_engine_serves_a_model_without_a_directory(tmp_path: Path) -> N
     (model,) = stack.models
     assert (model.path, model.served_name, model.engine) == ("", "fake-model", "fake")
     assert stack.ports.inference == 29920
+
+
+def test_make_up_s_adapter_is_served_by_the_first_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make up` passes `--adapter NAME=DIR`; the worker's settings read it from the environment."""
+    (tmp_path / "demo").mkdir()
+    stack = build_stack(tmp_path, ["=m"], engine="fake", adapters=[f"m-demo={tmp_path / 'demo'}"])
+    for key, value in stack.components()["inference-m"].env.items():
+        if key.startswith("BATCHSTREAM_INFERENCE_"):
+            monkeypatch.setenv(key, value)
+    settings = InferenceSettings()
+    assert settings.lora_adapters == {"m-demo": str(tmp_path / "demo")}
+    with pytest.raises(typer.BadParameter, match="NAME=DIR"):
+        build_stack(tmp_path, ["=m"], engine="fake", adapters=["m-demo"])

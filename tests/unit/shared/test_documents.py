@@ -34,6 +34,7 @@ STORED_BATCH_FIELDS = {
     "priority",
     "prefix_order",
     "mixed_models",
+    "usage_by_model",
     "project",
     "defaults",
     "sort_key",
