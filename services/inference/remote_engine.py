@@ -64,7 +64,7 @@ from shared.protocol.messages import TokenUsage
 log = logging.getLogger(__name__)
 
 # What a remote model serves, by the worker's ``runner`` setting: a pooling model is an embeddings
-# model or a cross-encoder (the server answers the endpoints its model has, 404 for the others).
+# model or a cross-encoder (the server answers the endpoints its model has, refuses the others).
 POOLING = (EMBEDDINGS, SCORE, RERANK)
 # The servers' gauges of requests waiting in their queue (vLLM's, SGLang's).
 WAITING_GAUGES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")

@@ -160,7 +160,8 @@ class VllmEngine:
             found.append(RESPONSES)
         if getattr(self._state, "serving_embedding", None) is not None:
             found.append(EMBEDDINGS)
-        if getattr(self._state, "serving_scores", None) is not None:  # a cross-encoder
+        if getattr(self._state, "serving_scores", None) is not None:
+            # A cross-encoder; vLLM also scores with an embeddings model (cosine similarity).
             found += [SCORE, RERANK]
         return tuple(found)
 
