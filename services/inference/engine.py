@@ -1,9 +1,10 @@
 """The engine contract: what the worker asks of an engine, and the types they speak.
 
 An engine serves one model. It answers a request like vLLM's OpenAI server would: an HTTP-like
-status code and the exact JSON body (a ``chat.completion``, ``text_completion``, ``response`` or
-embedding ``list``; or an error envelope), as raw JSON bytes, with the token usage beside it. It never
-raises for a bad request: a client mistake is a 4xx answer, so the worker goes on.
+status code and the exact JSON body (a ``chat.completion``, ``text_completion``, ``response``,
+embedding or score ``list``, or a rerank answer; or an error envelope), as raw JSON bytes, with
+the token usage beside it. It never raises for a bad request: a client mistake is a 4xx answer,
+so the worker goes on.
 
 The cancellation rule, which every engine enforces itself (``runs.RunRegistry`` does it for
 both engines), so that nobody above it has to check again:
@@ -39,6 +40,9 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
+# vLLM's extensions for a cross-encoder on the pooling runner (its ``/score`` and ``/rerank``).
+SCORE = "/v1/score"
+RERANK = "/v1/rerank"
 GENERATE_ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
 
 

@@ -4,7 +4,8 @@ With ``seconds_per_token=0`` (the default) it is the "instant engine" the pipeli
 fake-engine stack run: it measures the plumbing (Kafka, handler, aggregator) without a model in
 the way. The bodies have the fields vLLM's server returns, with a fixed echo text and
 whitespace-split token counts. It keeps the engine contract (``engine.py``) like the vLLM engine,
-through the same ``RunRegistry``.
+through the same ``RunRegistry``. Its score and rerank answers are a fake's too: a pair's score is
+the share of words its two texts have in common, not any model's judgement.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RERANK,
     RESPONSES,
+    SCORE,
     Answer,
     error_answer,
     refuse_before_running,
 )
 from services.inference.runs import RunRegistry
 from services.inference.settings import default
+from shared.protocol.batch_input import ScoreBody
 from shared.protocol.messages import TokenUsage
 
 FAKE_TEXT = "ok"
@@ -42,7 +46,7 @@ class FakeEngine:
         self,
         model_id: str = "fake-model",
         max_context_length: int = default("max_model_len"),
-        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES),
+        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK),
         seconds_per_token: float = default("fake_seconds_per_token"),
         max_running: int = 0,
         adapters: tuple[str, ...] = (),
@@ -86,6 +90,8 @@ class FakeEngine:
     def _answer(
         self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
     ) -> Answer:
+        if url in (SCORE, RERANK):
+            return self._scores(url, body, request_id)
         required = _REQUIRED[url]
         if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
             return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
@@ -174,6 +180,73 @@ class FakeEngine:
             "data": data,
             "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens},
         }
+
+    def _scores(self, url: str, body: dict[str, Any], request_id: str) -> Answer:
+        """A score ``list`` or a rerank answer, shaped as vLLM's ``ServingScores`` shapes them."""
+        first, second = ("query", "documents") if url == RERANK else _score_pair(body)
+        missing = next((name for name in (first, second) if body.get(name) is None), None)
+        if missing is not None:
+            return error_answer(f"1 validation error:\n  {missing}: Field required", param=missing)
+        lefts, rights = _as_list(body[first]), _as_list(body[second])
+        if len(lefts) == 1:
+            lefts = lefts * len(rights)
+        if not rights or len(lefts) != len(rights):
+            return error_answer("Input lengths must be either 1:1, 1:N or N:N")
+        pairs = list(zip(lefts, rights, strict=True))
+        scores = [_overlap(left, right) for left, right in pairs]
+        tokens = sum(_count_tokens(left) + _count_tokens(right) for left, right in pairs)
+        usage = TokenUsage(prompt_tokens=tokens, total_tokens=tokens)
+        usage_body = {"prompt_tokens": tokens, "total_tokens": tokens}
+        if url == RERANK:
+            order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.get("top_n") or None]
+            results = [
+                {"index": i, "document": _document(rights[i]), "relevance_score": scores[i]} for i in order
+            ]
+            reranked = {
+                "id": f"score-{request_id}",
+                "model": self.model_id,
+                "usage": usage_body,
+                "results": results,
+            }
+            return Answer.of(200, reranked, usage)
+        scored = {
+            "id": f"score-{request_id}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": self.model_id,
+            "data": [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)],
+            "usage": {**usage_body, "completion_tokens": 0},
+        }
+        return Answer.of(200, scored, usage)
+
+
+def _score_pair(body: dict[str, Any]) -> tuple[str, str]:
+    """The pair of fields a score body gives (``ScoreBody.PAIRS``), else the one it has begun."""
+    missing = ScoreBody.missing(body, "queries")
+    for pair in ScoreBody.PAIRS:
+        if missing in pair or (missing is None and all(body.get(name) is not None for name in pair)):
+            return pair
+    return ScoreBody.PAIRS[0]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _words(value: Any) -> set[str]:
+    return set(value.lower().split()) if isinstance(value, str) else set()
+
+
+def _overlap(left: Any, right: Any) -> float:
+    """The fake's score of a pair: words in both over words in either (0 for two empty texts)."""
+    a, b = _words(left), _words(right)
+    return len(a & b) / len(a | b) if a or b else 0.0
+
+
+def _document(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        return {"text": value, "multi_modal": None}
+    return {"text": None, "multi_modal": value.get("content", []) if isinstance(value, dict) else []}
 
 
 def _usage_body(usage: TokenUsage) -> dict[str, int]:

@@ -45,7 +45,8 @@ _MAX_OUTPUT_FIELD = "max_output_tokens"  # a Responses body's name for it
 
 
 def apply_defaults(url: str, body: dict[str, Any], defaults: SamplingDefaults | None) -> None:
-    """Fill sampling fields the body does not set (in place). Embeddings take none of them."""
+    """Fill sampling fields the body does not set (in place). Embeddings, score and rerank take
+    none of them."""
     if defaults is None or url not in GENERATE_ENDPOINTS:
         return
     for source, field in _SAMPLING_FIELDS.items():

@@ -48,7 +48,9 @@ from services.inference.engine import (
     COMPLETIONS,
     EMBEDDINGS,
     GENERATE_ENDPOINTS,
+    RERANK,
     RESPONSES,
+    SCORE,
     Answer,
     EngineUnavailable,
     error_answer,
@@ -61,8 +63,9 @@ from shared.protocol.messages import TokenUsage
 
 log = logging.getLogger(__name__)
 
-# What a remote model serves, by the worker's ``runner`` setting.
-POOLING = (EMBEDDINGS,)
+# What a remote model serves, by the worker's ``runner`` setting: a pooling model is an embeddings
+# model or a cross-encoder (the server answers the endpoints its model has, refuses the others).
+POOLING = (EMBEDDINGS, SCORE, RERANK)
 # The servers' gauges of requests waiting in their queue (vLLM's, SGLang's).
 WAITING_GAUGES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 # A server without a queue gauge is asked again this many load intervals later.

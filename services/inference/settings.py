@@ -85,7 +85,8 @@ class InferenceSettings(BaseSettings):
     max_lora_rank: int = Field(default=16, ge=1)
     """vLLM ``--max-lora-rank``: the highest rank of any adapter served."""
     runner: str = "generate"
-    """vLLM runner: ``generate`` (chat, completions) or ``pooling`` (an embeddings model)."""
+    """vLLM runner: ``generate`` (chat, completions) or ``pooling`` (an embeddings model, or a
+    cross-encoder for score and rerank)."""
     dtype: str = "auto"
     """vLLM ``--dtype``."""
     max_num_seqs: int = 64

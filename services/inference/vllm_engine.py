@@ -27,6 +27,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoreRequest
 from vllm.entrypoints.serve import create_error_response
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.tokenize.protocol import (
@@ -40,7 +41,9 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RERANK,
     RESPONSES,
+    SCORE,
     Answer,
     EngineUnavailable,
     error_answer,
@@ -53,6 +56,7 @@ from shared.protocol.messages import TokenUsage
 log = logging.getLogger(__name__)
 
 _EMBEDDING_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRequest)
+_SCORE_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ScoreRequest)
 
 
 def build_args(settings: InferenceSettings) -> Namespace:
@@ -156,6 +160,9 @@ class VllmEngine:
             found.append(RESPONSES)
         if getattr(self._state, "serving_embedding", None) is not None:
             found.append(EMBEDDINGS)
+        if getattr(self._state, "serving_scores", None) is not None:
+            # A cross-encoder; vLLM also scores with an embeddings model (cosine similarity).
+            found += [SCORE, RERANK]
         return tuple(found)
 
     async def run(
@@ -221,6 +228,8 @@ class VllmEngine:
             return await self._state.openai_serving_completion.create_completion(request, None)
         if url == RESPONSES:
             return await self._state.openai_serving_responses.create_responses(request, None)
+        if url in (SCORE, RERANK):
+            return await self._state.serving_scores(request, None)
         return await self._state.serving_embedding(request, None)
 
     async def _cap_context(self, url: str, request: Any, limit: int) -> Answer | None:
@@ -278,6 +287,10 @@ def _parse(url: str, body: dict[str, Any]) -> Any:
         return CompletionRequest.model_validate(body)
     if url == RESPONSES:
         return ResponsesRequest.model_validate(body)
+    if url == SCORE:  # one of its input pairs, as run_batch.py parses it
+        return _SCORE_ADAPTER.validate_python(body)
+    if url == RERANK:
+        return RerankRequest.model_validate(body)
     return _EMBEDDING_ADAPTER.validate_python(body)
 
 

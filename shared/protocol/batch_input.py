@@ -7,7 +7,7 @@ positive counts); every other field is kept as written and reaches the engine un
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import orjson
@@ -62,6 +62,11 @@ class RequestBody(BaseModel):
     max_completion_tokens: PositiveInt | None = None
     n: PositiveInt | None = None
 
+    @classmethod
+    def missing(cls, body: dict[str, Any], required: str) -> str | None:
+        """The field the endpoint reads that ``body`` lacks (``required``), or None."""
+        return required if body.get(required) is None else None
+
 
 class ChatCompletionBody(RequestBody):
     messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
@@ -93,9 +98,65 @@ class ResponsesBody(RequestBody):
         return value
 
 
+# A score input as vLLM's ``ScoreInput``: a text, or ``{"content": [...]}`` for a multimodal
+# model; or a list of them, which vLLM refuses empty.
+ScoreInput = str | dict[str, Any]
+ScoreInputs = ScoreInput | Annotated[list[ScoreInput], Field(min_length=1)]
+
+
+class ScoreBody(RequestBody):
+    """vLLM's ``ScoreRequest``: one of its pairs of inputs (``PAIRS``), scored 1:1, 1:N or N:N."""
+
+    PAIRS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("queries", "documents"),
+        ("queries", "items"),
+        ("text_1", "text_2"),
+        ("data_1", "data_2"),
+    )
+    queries: ScoreInputs | None = None
+    documents: ScoreInputs | None = None
+    items: ScoreInputs | None = None
+    text_1: ScoreInputs | None = None
+    text_2: ScoreInputs | None = None
+    data_1: ScoreInputs | None = None
+    data_2: ScoreInputs | None = None
+
+    @classmethod
+    def missing(cls, body: dict[str, Any], required: str) -> str | None:
+        """None when a pair is whole; else the other half of a pair begun, else ``required``."""
+        given = {name for pair in cls.PAIRS for name in pair if body.get(name) is not None}
+        if any(first in given and second in given for first, second in cls.PAIRS):
+            return None
+        for first, second in cls.PAIRS:
+            if first in given or second in given:
+                return second if first in given else first
+        return required
+
+    @field_validator("documents", "items", "text_2", "data_2")
+    @classmethod
+    def _pairs_up(cls, value: Any, info: ValidationInfo) -> Any:
+        """vLLM's rule: several first inputs need as many second ones (N:N); one takes any (1:N)."""
+        first_name = {"text_2": "text_1", "data_2": "data_1"}.get(str(info.field_name), "queries")
+        first = info.data.get(first_name)
+        count = len(value) if isinstance(value, list) else 1
+        if isinstance(first, list) and len(first) > 1 and value is not None and count != len(first):
+            raise ValueError(f"{len(first)} {first_name} need as many {info.field_name}, not {count}")
+        return value
+
+
+class RerankBody(RequestBody):
+    """vLLM's ``RerankRequest``: one ``query``, the ``documents`` to order, an optional ``top_n``."""
+
+    query: ScoreInput
+    documents: ScoreInputs
+    top_n: Annotated[int, Field(strict=True, ge=0)] | None = None
+
+
 BODY_BY_ENDPOINT: dict[Endpoint, tuple[type[RequestBody], str]] = {
     "/v1/chat/completions": (ChatCompletionBody, "messages"),
     "/v1/completions": (CompletionBody, "prompt"),
     "/v1/embeddings": (EmbeddingBody, "input"),
     "/v1/responses": (ResponsesBody, "input"),
+    "/v1/score": (ScoreBody, "queries"),
+    "/v1/rerank": (RerankBody, "query"),
 }

@@ -134,7 +134,8 @@ class TokenUsage(BaseModel):
 
     @classmethod
     def from_body_usage(cls, usage: Any) -> TokenUsage | None:
-        """From a body's ``usage`` object (chat, completions, embeddings); None if there is none."""
+        """From a body's ``usage`` object (chat, completions, embeddings, score, rerank); None if
+        there is none."""
         if not isinstance(usage, dict):
             return None
         prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))

@@ -9,7 +9,15 @@ from pydantic import BaseModel, Field
 from shared.lifecycle import BatchStatus
 from shared.protocol.messages import SamplingDefaults
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
+Endpoint = Literal[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    # vLLM's extensions beside OpenAI's: a cross-encoder on the pooling runner scores text pairs.
+    "/v1/score",
+    "/v1/rerank",
+]
 SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
 
 

@@ -86,15 +86,16 @@ def own_stack(
     *,
     models: Iterable[ModelSpec] = (),
     extra_env: Mapping[str, str] | None = None,
+    inference_python: str = "",
 ) -> Iterator[Stack]:
     """A stack on ``stand_ins``' servers, its state in ``state_dir``, while the block runs.
 
     It has its own topic prefix, database and bucket (named after the stand-ins', plus ``name`` and
     a random suffix), its own api, aggregator and inference ports; ``extra_env`` goes to its
-    services. The bucket and topics are provisioned, ``services`` started (an aggregator until it
-    owns its partitions and counts: healthy, it may still wait seconds for its group, and a test
-    timing the pipeline would time that), and on exit every process it started, restarts
-    included, is stopped by PID.
+    services, and a vLLM worker runs on ``inference_python`` (default: the stand-ins'). The bucket
+    and topics are provisioned, ``services`` started (an aggregator until it owns its partitions
+    and counts: healthy, it may still wait seconds for its group, and a test timing the pipeline
+    would time that), and on exit every process it started, restarts included, is stopped by PID.
     """
     own = free_ports()
     suffix = f"{name}{uuid.uuid4().hex[:6]}"
@@ -107,6 +108,7 @@ def own_stack(
         bucket=f"{stand_ins.bucket}-{suffix}",
         environment="test",
         extra_env=dict(extra_env or {}),
+        inference_python=inference_python or stand_ins.inference_python,
     )
     wanted = list(services)
     try:

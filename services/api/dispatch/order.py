@@ -100,7 +100,7 @@ def _messages_text(messages: Any) -> str:
 
 def prompt_text(url: str, body: dict[str, Any]) -> str | None:
     """The canonical prompt of a line, in the order the engine sees it; None where prefix caching
-    does not apply (embeddings run on the pooling runner)."""
+    does not apply (embeddings, score and rerank run on the pooling runner)."""
     if url == "/v1/chat/completions":
         tools = body.get("tools")
         head = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode() + "\x1d" if tools else ""

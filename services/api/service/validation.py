@@ -245,12 +245,13 @@ class InputValidator:
         if shape is None:
             return
         model, required = shape
-        if body.get(required) is None:
+        missing = model.missing(body, required)
+        if missing is not None:
             self._error(
                 number,
                 "invalid_request",
-                f"The body must contain {required!r} for {self.endpoint}.",
-                f"body.{required}",
+                f"The body must contain {missing!r} for {self.endpoint}.",
+                f"body.{missing}",
             )
             return
         try:
