@@ -17,7 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Sequence
 
-from deploy.local.catalogue import SERVICES, STAND_INS
+from deploy.local.catalogue import SERVICES, STAND_INS, ModelSpec
 from deploy.local.stack import Outcome, Stack
 
 
@@ -86,7 +86,7 @@ def print_summary(stack: Stack, outcomes: Sequence[Outcome]) -> None:
     print(
         f"\n  base URL : {stack.base_url}\n"
         f"  API key  : {stack.api_key}\n"
-        f"  models   : {', '.join(m.served_name for m in stack.models) or '(none)'}\n"
+        f"  models   : {', '.join(_served(m) for m in stack.models) or '(none)'}\n"
         f"  logs     : {stack.log_dir}/<component>.log\n"
         f"  stop with: make down"
     )
@@ -108,3 +108,9 @@ def status(stack: Stack) -> dict[str, str]:
     for name, state in states.items():
         print(f"{name:<28} {state}")
     return states
+
+
+def _served(model: ModelSpec) -> str:
+    """A model's name in the summary, with its LoRA adapters."""
+    adapters = ", ".join(name for name, _ in model.adapters)
+    return f"{model.served_name} (adapters: {adapters})" if adapters else model.served_name
