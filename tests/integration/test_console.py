@@ -369,7 +369,10 @@ def test_a_file_dropped_on_the_new_batch_page_is_the_one_uploaded(
 ) -> None:
     page = console.login()
     page.goto(f"{console.url}#/new")
-    content = chat_line("dropped-0", model_id, "hi", max_tokens=2)
+    # Two models, one served: a mixed batch runs the one and answers the other model_not_found.
+    content = (
+        chat_line("dropped-0", model_id, "hi", max_tokens=2) + "\n" + chat_line("gone", "no-model", "hi")
+    )
     # What a drag from the desktop delivers: a drop event whose DataTransfer holds the file.
     page.locator("#drop").evaluate(
         """(zone, text) => { const data = new DataTransfer();
@@ -381,9 +384,16 @@ def test_a_file_dropped_on_the_new_batch_page_is_the_one_uploaded(
     )
     expect(page.locator("#chosen")).to_contain_text("dropped.jsonl")
     page.get_by_label("Priority (-100 to 100)").fill("7")
+    page.get_by_label("Lines may name several models and adapters").check()
     page.get_by_role("button", name="Upload and create").click()
     page.wait_for_url("**/console/#/batches/batch_*")
+    expect(page.locator("h1 .badge")).to_have_text("completed", timeout=120_000)
     batch = http.get(f"/v1/batches/{page.url.rsplit('/', 1)[-1]}").json()
-    assert batch["priority"] == 7
+    assert batch["priority"] == 7 and batch["mixed_models"] is True
+    assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    by_model = page.locator("#usage-by-model")
+    expect(by_model).to_contain_text(model_id)
+    expect(by_model).to_contain_text(f"{batch['usage_by_model'][model_id]['total_tokens']:,}")
+    expect(page.locator("#error-lines")).to_contain_text("model_not_found")
     assert http.get(f"/v1/files/{batch['input_file_id']}/content").text == content
     assert http.get(f"/v1/files/{batch['input_file_id']}").json()["filename"] == "dropped.jsonl"

@@ -527,9 +527,12 @@ function batchPage(batchId, view) {
         h("section", { class: "card" }, h("h2", {}, "Batch"), kv([
           ["Endpoint", batch.endpoint], ["Model", batch.model], ["Window", batch.completion_window],
           ["Priority", batch.priority], ["Prefix order", batch.prefix_order ? "yes" : "no"],
+          ["Mixed models", batch.mixed_models ? "yes" : "no"],
           ["Expires", fmtTime(batch.expires_at)],
           ["Metadata", Object.entries(batch.metadata || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"]])),
-        h("section", { class: "card" }, h("h2", {}, "Defaults"), kv(defaults))),
+        h("section", { class: "card" }, h("h2", {}, "Defaults"), kv(defaults)),
+        batch.usage_by_model ? h("section", { class: "card", id: "usage-by-model" }, h("h2", {}, "Tokens by model"),
+          kv(Object.entries(batch.usage_by_model).map(([model, mu]) => [model, fmtInt(mu.total_tokens)]))) : null),
       h("h2", {}, "Lines over time"),
       progressPlot(progress, batch)].filter(Boolean));
     // Error lines: at first, at the end, and while failures rise at most every 5 s, unless the
@@ -590,6 +593,7 @@ function newBatchPage(view) {
       const body = { endpoint: data.get("endpoint"), completion_window: data.get("completion_window") };
       if (data.get("priority") !== "") body.priority = Number(data.get("priority"));
       if (data.get("prefix_order") !== "") body.prefix_order = data.get("prefix_order") === "true";
+      if (data.get("mixed_models")) body.mixed_models = true;
       for (const name of Object.keys(state.config.defaults)) {
         if (data.get(name) !== "" && data.get(name) !== null) body[name] = Number(data.get(name));
       }
@@ -628,6 +632,8 @@ function newBatchPage(view) {
       h("label", {}, `Priority (${minimum} to ${maximum})`, h("input", { type: "number", name: "priority", min: minimum, max: maximum, step: 1, placeholder: "0" })),
       h("label", {}, "Prefix order", h("select", { name: "prefix_order" },
         h("option", { value: "" }, "default"), h("option", { value: "true" }, "on"), h("option", { value: "false" }, "off"))),
+      h("label", { class: "check" }, h("input", { type: "checkbox", name: "mixed_models", id: "mixed-models", value: "true" }),
+        " Lines may name several models and adapters"),
       h("label", {}, "Metadata (key=value per line)", h("textarea", { name: "metadata", rows: 2 })),
       h("fieldset", {}, h("legend", {}, "Defaults for lines that do not set them"), h("div", { class: "form" }, defaultsFields()))),
     submit, result);
