@@ -36,11 +36,15 @@ def submit(
     completion_window: str = "24h",
     metadata: Mapping[str, str] | None = None,
     defaults: SamplingDefaults | None = None,
+    mixed_models: bool = False,
 ) -> Batch:
-    """Upload ``input_path`` and create a batch from it; returns the new batch (``validating``)."""
+    """Upload ``input_path`` and create a batch from it; returns the new batch (``validating``).
+    ``mixed_models``: its lines may name several models and LoRA adapters (batchstream's)."""
     with Path(input_path).open("rb") as handle:
         uploaded = client.files.create(file=handle, purpose="batch")
-    extra_body = defaults.model_dump(exclude_none=True) if defaults else None
+    extra_body = defaults.model_dump(exclude_none=True) if defaults else {}
+    if mixed_models:
+        extra_body["mixed_models"] = True
     return client.batches.create(
         input_file_id=uploaded.id,
         endpoint=endpoint,  # type: ignore[arg-type]

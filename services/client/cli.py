@@ -201,6 +201,9 @@ def submit_command(
     temperature: Annotated[float | None, typer.Option(help="Batch default (batchstream).")] = None,
     top_p: Annotated[float | None, typer.Option(help="Batch default (batchstream).")] = None,
     top_k: Annotated[int | None, typer.Option(help="Batch default (batchstream).")] = None,
+    mixed_models: Annotated[
+        bool, typer.Option(help="Lines may name several models and LoRA adapters (batchstream).")
+    ] = False,
     poll: PollFlag = 1.0,
     wait_for_it: Annotated[
         bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
@@ -230,6 +233,7 @@ def submit_command(
         completion_window=completion_window,
         metadata=_pairs(metadata or []),
         defaults=defaults,
+        mixed_models=mixed_models,
     )
     if not wait_for_it:
         _print_json(_as_dict(created)) if as_json else out.print(created.id)

@@ -84,14 +84,32 @@ def test_submit_json_prints_the_final_batch_with_its_defaults(
     stack: Stack, model_id: str, tmp_path: Path
 ) -> None:
     source = write_chat_lines(tmp_path / "in.jsonl", model_id, ["a", "b"], max_tokens=2)
+    write_chat_lines(tmp_path / "more.jsonl", "no-such-model", ["c"])
+    source.write_text(source.read_text() + (tmp_path / "more.jsonl").read_text())  # a second model
     out = tmp_path / "out.jsonl"
 
     batch = read_json(
-        batchstream(stack, "submit", str(source), "-o", str(out), "--temperature", "0", "--json", "-m", "k=v")
+        batchstream(
+            stack,
+            "submit",
+            str(source),
+            "-o",
+            str(out),
+            "--temperature",
+            "0",
+            "--json",
+            "-m",
+            "k=v",
+            "--mixed-models",
+        )
     )
 
-    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 2
-    assert batch["temperature"] == 0 and batch["metadata"] == {"k": "v"}
+    assert batch["status"] == "completed" and batch["request_counts"] == {
+        "total": 3,
+        "completed": 2,
+        "failed": 1,
+    }
+    assert batch["temperature"] == 0 and batch["metadata"] == {"k": "v"} and batch["mixed_models"] is True
     assert len(out.read_text().splitlines()) == 2
 
 
