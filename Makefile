@@ -93,9 +93,9 @@ $(MODELS)/gemma-3-270m/$(MARKER): | $(VENV_INF)/.editable-installed
 $(MODELS)/tiny-llama/$(MARKER): | $(VENV_INF)/.editable-installed
 	$(PY_INF) -m deploy.local.models tiny --out $(MODELS)/tiny-llama
 
-# A LoRA adapter of a model, random weights (peft): `<model>-demo`.
-$(MODELS)/%-demo/$(MARKER): | $(MODELS)/%/$(MARKER)
-	$(PY_INF) -m deploy.local.models adapter --base $(MODELS)/$* --out $(MODELS)/$*-demo
+# A LoRA adapter of a model, random weights (peft): `<model folder>-demo`.
+%-demo/$(MARKER): | %/$(MARKER)
+	$(PY_INF) -m deploy.local.models adapter --base $* --out $*-demo
 
 $(MODELS)/minilm/$(MARKER): | $(VENV_INF)/.editable-installed
 	$(PY_INF) -m deploy.local.models embed --out $(MODELS)/minilm

@@ -45,6 +45,7 @@ DISPATCH_FIELDS = {
     "resumed": 1,
     "parts": 1,
     "emitted_parts": 1,
+    "mixed_models": 1,
 }
 
 
@@ -358,7 +359,7 @@ class BatchStore:
     async def dispatch_queue(self) -> list[DispatchView]:
         """What the api's dispatcher reads of every validated batch still running or cancelling."""
         query = {"dispatchable": True, "status": {"$in": sorted(lifecycle.DISPATCHING)}}
-        found = self._batches.find(query, {**DISPATCH_FIELDS, "mixed_models": 1})
+        found = self._batches.find(query, DISPATCH_FIELDS)
         return [view async for doc in found for view in DispatchView.of_document(doc)]
 
     async def seen_lines(self, batch_ids: Iterable[str]) -> dict[str, SeenLines]:
@@ -450,59 +451,75 @@ class BatchStore:
             return None
         return int((doc.get("request_counts") or {}).get("total") or 0), list(doc.get("progress") or [])
 
+    async def _by_model(self, match: Document, group: Document) -> list[Document]:
+        """``group`` (its ``_id`` given ``MODEL_KEY`` for the model) over the batches ``match``
+        selects: one-model batches by their model, mixed batches together as ``MIXED``."""
+        rows = []
+        for mixed, model in ((False, {"$ifNull": ["$model", ""]}), (True, {"$literal": MIXED})):
+            stages = [{"$match": {**match, "mixed_models": True if mixed else {"$ne": True}}}]
+            stages.append({"$group": _with_model(group, model)})
+            rows += await (await self._batches.aggregate(stages)).to_list()
+        return rows
+
     async def running_by_model(self, project: str) -> dict[str, tuple[int, int]]:
-        """For each model: the project's open batches and their lines still without a result."""
-        pipeline: list[Document] = [
-            {"$match": {"project": project, "status": {"$in": sorted(lifecycle.OPEN)}}},
-            {
-                "$group": {
-                    "_id": "$model",
-                    "batches": {"$sum": 1},
-                    "queued": {
-                        "$sum": {
-                            "$max": [
-                                0,
+        """For each model: the project's open batches and their lines still without a result
+        (mixed batches together, as ``MIXED``)."""
+        match = {"project": project, "status": {"$in": sorted(lifecycle.OPEN)}}
+        group: Document = {
+            "_id": MODEL_KEY,
+            "batches": {"$sum": 1},
+            "queued": {
+                "$sum": {
+                    "$max": [
+                        0,
+                        {
+                            "$subtract": [
+                                {"$ifNull": ["$request_counts.total", 0]},
                                 {
-                                    "$subtract": [
-                                        {"$ifNull": ["$request_counts.total", 0]},
-                                        {
-                                            "$add": [
-                                                {"$ifNull": ["$request_counts.completed", 0]},
-                                                {"$ifNull": ["$request_counts.failed", 0]},
-                                            ]
-                                        },
+                                    "$add": [
+                                        {"$ifNull": ["$request_counts.completed", 0]},
+                                        {"$ifNull": ["$request_counts.failed", 0]},
                                     ]
                                 },
                             ]
-                        }
-                    },
+                        },
+                    ]
                 }
             },
-        ]
-        rows = await (await self._batches.aggregate(pipeline)).to_list()
+        }
+        rows = await self._by_model(match, group)
         return {str(r["_id"]): (int(r["batches"]), int(r["queued"])) for r in rows if r["_id"]}
 
     async def usage_by_day(self, project: str, since: int) -> list[Document]:
         """The project's batches created since ``since`` (unix s), summed per model and UTC day:
         ``{day (unix s at 00:00), model, batches, completed, failed, input, cached, output, total}``."""
         day = {"$subtract": ["$created_at", {"$mod": ["$created_at", 86_400]}]}
-        pipeline: list[Document] = [
-            {"$match": {"project": project, "created_at": {"$gte": since}}},
-            {
-                "$group": {
-                    "_id": {"day": day, "model": {"$ifNull": ["$model", ""]}},
-                    "batches": {"$sum": 1},
-                    "completed": {"$sum": {"$ifNull": ["$request_counts.completed", 0]}},
-                    "failed": {"$sum": {"$ifNull": ["$request_counts.failed", 0]}},
-                    "input": {"$sum": {"$ifNull": ["$usage.input_tokens", 0]}},
-                    "cached": {"$sum": {"$ifNull": ["$usage.input_tokens_details.cached_tokens", 0]}},
-                    "output": {"$sum": {"$ifNull": ["$usage.output_tokens", 0]}},
-                    "total": {"$sum": {"$ifNull": ["$usage.total_tokens", 0]}},
-                }
-            },
-        ]
-        rows = await (await self._batches.aggregate(pipeline)).to_list()
+        match = {"project": project, "created_at": {"$gte": since}}
+        group: Document = {
+            "_id": {"day": day, "model": MODEL_KEY},
+            "batches": {"$sum": 1},
+            "completed": {"$sum": {"$ifNull": ["$request_counts.completed", 0]}},
+            "failed": {"$sum": {"$ifNull": ["$request_counts.failed", 0]}},
+            "input": {"$sum": {"$ifNull": ["$usage.input_tokens", 0]}},
+            "cached": {"$sum": {"$ifNull": ["$usage.input_tokens_details.cached_tokens", 0]}},
+            "output": {"$sum": {"$ifNull": ["$usage.output_tokens", 0]}},
+            "total": {"$sum": {"$ifNull": ["$usage.total_tokens", 0]}},
+        }
+        rows = await self._by_model(match, group)
         return sorted(
             ({**r, "day": int(r["_id"]["day"]), "model": str(r["_id"]["model"])} for r in rows),
             key=lambda r: (-r["day"], r["model"]),
         )
+
+
+MIXED = "(mixed)"
+"""The model the views group mixed batches under (their usage per model: ``usage_by_model``)."""
+MODEL_KEY = "<model>"
+
+
+def _with_model(group: Document, model: Any) -> Document:
+    """``group`` with ``MODEL_KEY`` in its ``_id`` replaced by ``model``'s expression."""
+    key = group["_id"]
+    if key == MODEL_KEY:
+        return {**group, "_id": model}
+    return {**group, "_id": {k: (model if v == MODEL_KEY else v) for k, v in key.items()}}

@@ -16,6 +16,10 @@ from shared.protocol.openai import ModelCard
 
 Document = dict[str, Any]
 
+MODEL_NOT_FOUND = "model_not_found"
+"""The error code of a model (or adapter) no worker serves: the API's 404, a validation error, a
+mixed batch's line."""
+
 HEARTBEAT_INTERVAL_S = 10.0
 """How often each inference worker refreshes its model's document."""
 WORKER_ALIVE_S = 3 * HEARTBEAT_INTERVAL_S
@@ -44,6 +48,19 @@ def card_of(doc: Document) -> ModelCard:
     )
 
 
+def current(docs: list[Document]) -> list[Document]:
+    """``docs`` less the adapters that their model's workers no longer announce: an adapter's
+    document is refreshed with its model's by every heartbeat, so one left ``WORKER_ALIVE_S``
+    behind its model's was dropped from the workers' settings. Base models stay (their lines
+    wait on Kafka while no worker runs)."""
+    beats = {d["_id"]: float(d.get("last_seen") or 0) for d in docs if not d.get("parent")}
+    return [
+        d
+        for d in docs
+        if not d.get("parent") or beats.get(d["parent"], 0) - float(d.get("last_seen") or 0) <= WORKER_ALIVE_S
+    ]
+
+
 def worker_statuses(doc: Document, now: float) -> list[WorkerStatus]:
     """The workers a model document lists, most recently seen first."""
     workers = sorted(doc.get("workers") or [], key=lambda w: -float(w.get("last_seen", 0)))
@@ -62,22 +79,22 @@ class ModelStore:
         self._models = collection
 
     async def cards(self) -> list[ModelCard]:
-        return [card_of(d) for d in await self._models.find({}).sort("_id").to_list()]
+        return [card_of(d) for d in await self.documents()]
 
     async def card(self, model_id: str) -> ModelCard | None:
-        doc = await self._models.find_one({"_id": model_id})
-        return card_of(doc) if doc is not None else None
+        return next((card_of(d) for d in await self.documents() if d["_id"] == model_id), None)
 
     async def documents(self) -> list[Document]:
-        """Every model document, by id (for status views: cards plus their workers)."""
-        return await self._models.find({}).sort("_id").to_list()
+        """Every model document, by id (for status views: cards plus their workers), less the
+        adapters their model's workers no longer serve (``current``)."""
+        return current(await self._models.find({}).sort("_id").to_list())
 
     async def served(self) -> dict[str, ServedModel]:
         """Every model and adapter a worker has announced, by the id a line names."""
-        cursor = self._models.find({}, {"_id": 1, "max_context_length": 1, "parent": 1})
+        found = self._models.find({}, {"_id": 1, "max_context_length": 1, "parent": 1, "last_seen": 1})
         return {
             str(m["_id"]): ServedModel(str(m.get("parent") or m["_id"]), m.get("max_context_length"))
-            async for m in cursor
+            for m in current(await found.to_list())
         }
 
     async def beat(

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 
 from aiokafka import AIOKafkaProducer
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
@@ -254,7 +255,8 @@ class Dispatcher:
         held = await self.leases.hold(model, now)
         was_held = state.held_at is not None
         state.held_at = now if held else None
-        metrics.LEADER.labels(model).set(1 if held else 0)
+        if model != REFUSALS:
+            metrics.LEADER.labels(model).set(1 if held else 0)
         if held and not was_held:
             log.info("dispatching", extra={"model": model, "owner": self.leases.owner})
             await self._reload_model(model)
@@ -367,7 +369,7 @@ class Dispatcher:
         are left to finalize (``batch_cancelled``), and its refusals part is settled at once."""
         answered = 0
         for batch in [b for b in self.batches.values() if b.model == REFUSALS]:
-            if batch.status == "cancelling" and not batch.settled:
+            if batch.status == "cancelling" and not batch.settled and await self._refusals_counted(batch):
                 await self.batch_store.settle_dispatch(batch.batch_id, batch.part, batch.parts)
                 batch.settled = True
             if not batch.dispatchable(now) or batch.remaining <= 0:
@@ -389,6 +391,21 @@ class Dispatcher:
 
     # ------------------------------------------------------------- positions
 
+    async def _refusals_counted(self, batch: QueuedState) -> bool:
+        """Whether the aggregator has counted every refusal sent for the batch (so none is filled
+        as ``batch_cancelled`` at its end): one read of the order's head, on a cancel only."""
+        if batch.position.sent == 0:
+            return True
+        seen = (await self.batch_store.seen_lines([batch.batch_id])).get(batch.batch_id)
+        if seen is None:
+            return False
+        p = batch.position
+        async with aclosing(batch.sent_before(self.store, p.line, p.byte)) as sent:
+            async for item in sent:
+                if item.number not in seen:
+                    return False
+        return True
+
     async def _save_positions(self, now: float, force: bool = False) -> None:
         for batch in list(self.batches.values()):
             if not batch.dirty:
@@ -409,6 +426,8 @@ class Dispatcher:
     def _publish_metrics(self) -> None:
         queued: dict[tuple[str, str], int] = {}
         for batch in self.batches.values():
+            if batch.model == REFUSALS:
+                continue
             if batch.status == "in_progress" and self._model(batch.model).held_at is not None:
                 key = (batch.model, batch.project)
                 queued[key] = queued.get(key, 0) + batch.remaining

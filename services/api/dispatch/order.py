@@ -41,7 +41,7 @@ import tempfile
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -274,15 +274,17 @@ class PartOrders:
     def __init__(self, min_shared_chars: int, run_bytes: int = RUN_BYTES) -> None:
         self.min_shared_chars, self._run_bytes = min_shared_chars, run_bytes
         self.parts: dict[str | None, OrderBuilder] = {}
-        self._tags: dict[tuple[str | None, str], int] = {}
+        self._tags: dict[str | None, dict[str, int]] = {}  # per served base model
 
     def add(self, base: str | None, model: str, line: InputLine, text: str | None) -> None:
+        """A line naming ``model`` (served by ``base``; None: no served model, tag 0, so the
+        names of unserved models are never kept)."""
         builder = self.parts.get(base)
         if builder is None:
             builder = self.parts[base] = OrderBuilder(self.min_shared_chars, self._run_bytes)
-        tag = self._tags.get((base, model))
-        if tag is None:
-            tag = self._tags[base, model] = sum(1 for b, _ in self._tags if b == base)
+            self._tags[base] = {}
+        tags = self._tags[base]
+        tag = 0 if base is None else tags.setdefault(model, len(tags))
         builder.add(line, text, tag)
 
     def close(self) -> None:
@@ -365,7 +367,7 @@ class OrderCursor:
             await chunks.aclose()  # type: ignore[attr-defined]
 
 
-async def scan_order(store: ObjectStore, key: str, upto_line: int) -> AsyncIterator[InputLine]:
+async def scan_order(store: ObjectStore, key: str, upto_line: int) -> AsyncGenerator[InputLine]:
     """The lines of the order's first ``upto_line - 1`` entries (those an earlier dispatcher sent)."""
     cursor = OrderCursor(store, key)
     try:

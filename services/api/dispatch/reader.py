@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from shared.input_lines import InputLine, is_request, numbered_lines
 from shared.storage import ObjectStore
@@ -81,7 +81,7 @@ async def read_lines(store: ObjectStore, key: str, spans: list[tuple[int, int]])
     return [found[i] for i in range(len(spans))]
 
 
-async def scan(store: ObjectStore, key: str, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:
+async def scan(store: ObjectStore, key: str, upto_line: int, upto_byte: int) -> AsyncGenerator[InputLine]:
     """Every request line before line ``upto_line`` at byte ``upto_byte`` (a takeover's check
     of the lines an earlier dispatcher sent)."""
     cursor = InputCursor(store, key)

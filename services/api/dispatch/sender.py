@@ -16,10 +16,10 @@ from shared.kafka import encode
 from shared.protocol.batch_input import UTF8_BOM, parse_raw_line
 from shared.protocol.messages import LineError, ResultMessage, request_message_json
 from shared.settings import KafkaSettings
+from shared.stores.models import MODEL_NOT_FOUND
 from shared.topics import results_topic
 
 LOST_MESSAGE = "This request was sent {n} times and no result ever reached the batch."
-MODEL_NOT_FOUND = "model_not_found"
 NO_MODEL = "The model {model!r} does not exist (no worker serves it)."
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -144,7 +144,7 @@ class QueuedState:
             cursor.placed = placed  # each call replaced it: the lines taken keep their places
         return taken
 
-    def sent_before(self, store: ObjectStore, upto_line: int, upto_byte: int) -> AsyncIterator[InputLine]:
+    def sent_before(self, store: ObjectStore, upto_line: int, upto_byte: int) -> AsyncGenerator[InputLine]:
         """The lines sent before a position (a takeover's check of an earlier dispatcher's)."""
         if self.ordered:
             return scan_order(store, self.order_key, upto_line)

@@ -10,6 +10,7 @@ from services.api.deps import Overview, Project
 from services.api.openapi import errors
 from shared.errors import NotFound
 from shared.protocol.openai import ListObject, ModelCard
+from shared.stores.models import MODEL_NOT_FOUND
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -36,5 +37,5 @@ async def list_models(
 async def retrieve_model(_: Project, request: Request, model_id: str) -> ModelCard:
     card = await request.app.state.models.card(model_id)
     if card is None:
-        raise NotFound(f"The model {model_id!r} does not exist.", param="model", code="model_not_found")
+        raise NotFound(f"The model {model_id!r} does not exist.", param="model", code=MODEL_NOT_FOUND)
     return card  # type: ignore[no-any-return]

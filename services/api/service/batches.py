@@ -7,7 +7,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import IO, Any
 
 import urllib3
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
@@ -302,14 +302,15 @@ class BatchService:
                 )
                 return None
             ordered = order is not None and await self._save_order(batch.id, input_file.object_key, order)
-            stored = await self._save_parts(batch.id, input_file.object_key, parts) if parts else None
+            stored = None
+            if parts is not None:
+                stored, ordered = await self._save_parts(batch.id, input_file.object_key, parts)
         finally:
             for made in (order, parts):
                 if made is not None:
                     made.close()  # their temporary files
         if stored is None:  # one model: its base model's workers run every line
             stored = [{"model": report.base, "lines": report.lines}]
-        ordered = ordered or (parts is not None and batch.prefix_order)
         if not await self.batches.start(batch.id, report.model, report.lines, ordered, stored):
             return None  # cancelled (or ended) meanwhile
         counts = batch.request_counts.model_copy(update={"total": report.lines})
@@ -329,28 +330,38 @@ class BatchService:
         stats = await asyncio.to_thread(order.plan)
         if not stats.worth_storing:
             return False
-        await self._write_order(dispatch_order_key(batch_id), input_key, order)
+        with tempfile.TemporaryFile() as source:
+            await self._copy_input(input_key, source)
+            await self._write_order(dispatch_order_key(batch_id), source, order)
         log.info(
             "dispatch order made",
             extra={"batch_id": batch_id, "groups": stats.groups, "grouped_lines": stats.grouped},
         )
         return True
 
-    async def _save_parts(self, batch_id: str, input_key: str, parts: PartOrders) -> list[dict[str, Any]]:
+    async def _save_parts(
+        self, batch_id: str, input_key: str, parts: PartOrders
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Write each part's dispatch order of a mixed batch; returns the parts to store
-        (``shared/documents.py``)."""
-        stored = []
-        for i, (base, order) in enumerate(parts.parts.items()):
-            stats = await asyncio.to_thread(order.plan)
-            await self._write_order(dispatch_order_key(batch_id, i), input_key, order)
-            stored.append({"model": base, "lines": stats.lines})
+        (``shared/documents.py``) and whether any part has prefix groups (``prefix_order``)."""
+        stored, grouped = [], False
+        with tempfile.TemporaryFile() as source:
+            await self._copy_input(input_key, source)
+            for i, (base, order) in enumerate(parts.parts.items()):
+                stats = await asyncio.to_thread(order.plan)
+                await self._write_order(dispatch_order_key(batch_id, i), source, order)
+                stored.append({"model": base, "lines": stats.lines})
+                grouped = grouped or stats.groups > 0
         log.info("mixed batch split", extra={"batch_id": batch_id, "parts": stored})
-        return stored
+        return stored, grouped
 
-    async def _write_order(self, key: str, input_key: str, order: OrderBuilder) -> None:
-        with tempfile.TemporaryFile() as source, tempfile.NamedTemporaryFile(suffix=".order") as out:
-            async for chunk in self.store.iter_chunks(input_key):  # a local copy when it has one
-                await asyncio.to_thread(source.write, chunk)
+    async def _copy_input(self, input_key: str, source: IO[bytes]) -> None:
+        async for chunk in self.store.iter_chunks(input_key):  # a local copy when it has one
+            await asyncio.to_thread(source.write, chunk)
+
+    async def _write_order(self, key: str, source: IO[bytes], order: OrderBuilder) -> None:
+        """The order object at ``key``, its lines read from ``source`` (a copy of the input)."""
+        with tempfile.NamedTemporaryFile(suffix=".order") as out:
             await asyncio.to_thread(order.write, out, source)
             out.flush()
             await self.store.put_file(key, out.name)

@@ -76,6 +76,7 @@ class RetryService:
             completion_window=parent.completion_window,
             metadata={**dict(kept), RETRY_OF: batch_id},
             priority=parent.priority,
+            mixed_models=parent.mixed_models or None,  # lines of several models stay allowed
             **parent.defaults.model_dump(),
         )
         return await self.batches.create(project, params)

@@ -24,7 +24,7 @@ from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
 from shared.seen_lines import MAX_LINE_NUMBER
-from shared.stores.models import ServedModel
+from shared.stores.models import MODEL_NOT_FOUND, ServedModel
 
 ID_RUN_BYTES = 8 * 1024 * 1024
 """Memory for the custom_id records sorted at a time (about 80,000 lines' worth)."""
@@ -121,14 +121,14 @@ class InputValidator:
             self._custom_ids.close()
         if self._report.lines == 0:
             self._error(None, "empty_file", "The input file has no request lines.")
-        elif self.parts is not None and self._report.served_lines == 0 and self._report.ok:
-            self._error(None, "model_not_found", "No line names a model that a worker serves.", "body.model")
         elif self._report.lines > self.max_lines:
             self._error(
                 None,
                 "too_many_tasks",
                 f"The input file has {self._report.lines} lines; the limit is {self.max_lines}.",
             )
+        elif self.parts is not None and self._report.served_lines == 0 and self._report.ok:
+            self._error(None, MODEL_NOT_FOUND, "No line names a model that a worker serves.", "body.model")
         return self._report
 
     def _report_repeats(self) -> None:
@@ -226,7 +226,7 @@ class InputValidator:
             self._report.served_lines += 1
             self._check_token_limit(number, body, known.max_context_length)
         elif self.parts is None:  # in a mixed batch, the line's own error result
-            self._error(number, "model_not_found", f"The model {model!r} does not exist.", "body.model")
+            self._error(number, MODEL_NOT_FOUND, f"The model {model!r} does not exist.", "body.model")
         if self._report.model is None:
             self._report.model = model
             self._report.base = known.base if known else None
