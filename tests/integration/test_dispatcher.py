@@ -484,6 +484,53 @@ async def test_a_cancel_sends_no_further_lines(dispatch_stack: Stack, client: As
     assert codes.count("batch_cancelled") >= total - final
 
 
+def mixed_lines(total: int, prefix: str) -> list[dict[str, Any]]:
+    """Chat lines of a mixed batch: two of every three for the served model, one for a model
+    nobody serves (answered ``model_not_found`` by the dispatcher)."""
+    return [
+        json.loads(chat_line(f"{prefix}-{n}", FAKE_MODEL if n % 3 else "nobody-serves-it"))
+        for n in range(1, total + 1)
+    ]
+
+
+async def test_a_mixed_batch_survives_a_dispatcher_killed_mid_batch_with_every_line_once(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    total = 12_000
+    batch = await create_from_lines(client, mixed_lines(total, "mix"), mixed_models=True)
+    # The served model's part is the batch's first (its first line names it).
+    await eventually(lambda: _at_least(sent_lines(db, f"{batch.id}#0"), 2000), 120, "2,000 lines dispatched")
+    pid = dispatch_stack.pid("api")
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    await asyncio.to_thread(dispatch_stack.start, ["api"])
+
+    done = await wait_terminal_async(client, batch.id, 300)
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (total - total // 3, total // 3)
+    assert every_line_once(await output_ids(client, done), total, "mix")
+    text = (await client.files.content(done.error_file_id or "")).text
+    assert {json.loads(line)["error"]["code"] for line in text.splitlines()} == {"model_not_found"}
+
+
+async def test_a_cancelled_mixed_batch_ends_once_every_part_settled(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    total = 15_000
+    batch = await create_from_lines(client, mixed_lines(total, "mixc"), mixed_models=True)
+    await eventually(lambda: _at_least(sent_lines(db, f"{batch.id}#0"), 1000), 120, "lines dispatched")
+    await client.batches.cancel(batch.id)
+    # The aggregator's cancel timeout is 300 s here: only the parts' settling ends it sooner.
+    done = await wait_terminal_async(client, batch.id, 60)
+    assert done.status == "cancelled"
+    stored = await asyncio.to_thread(db.batches.find_one, {"_id": batch.id}, {"settled_parts": 1})
+    assert sorted(stored["settled_parts"]) == [0, 1]
+    assert done.request_counts is not None
+    assert done.request_counts.completed + done.request_counts.failed == total
+    assert every_line_once(await output_ids(client, done), total, "mixc")
+
+
 async def test_projects_share_and_a_higher_priority_goes_first(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:
