@@ -18,7 +18,7 @@ from shared.documents import BatchDocument, FileDocument
 from shared.mongo import Mongo
 from shared.protocol.openai import BatchError, FileObject, ModelCard
 from shared.seen_lines import SeenLines
-from shared.stores.batches import BatchStore, LiveCounts
+from shared.stores.batches import MIXED, BatchStore, LiveCounts
 from shared.stores.files import FileStore
 from shared.stores.models import WORKER_FORGOTTEN_S, ModelStore
 from tests.support.fresh_mongo import fresh_mongo
@@ -244,10 +244,22 @@ async def test_running_lines_and_usage_are_summed_per_model_for_the_project(batc
     )
     await new_batch(batches, project, model="m2", status="validating")
     await new_batch(batches, "someone-else", model="m1", status="in_progress", request_counts={"total": 50})
-    assert await batches.running_by_model(project) == {"m1": (1, 3), "m2": (1, 0)}
+    # A mixed batch whose first line names m1: its own row, not m1's.
+    mixed = {"total": 4, "completed": 1, "failed": 1}
+    await new_batch(
+        batches,
+        project,
+        model="m1",
+        mixed_models=True,
+        status="in_progress",
+        request_counts=mixed,
+        usage=usage,
+    )
+    assert await batches.running_by_model(project) == {"m1": (1, 3), "m2": (1, 0), MIXED: (1, 2)}
     rows = await batches.usage_by_day(project, int(time.time()) - 86_400)
     by_model = {r["model"]: r for r in rows}
-    assert set(by_model) == {"m1", "m2"}
+    assert set(by_model) == {"m1", "m2", MIXED}
+    assert (by_model[MIXED]["batches"], by_model[MIXED]["total"]) == (1, 15)
     m1 = by_model["m1"]
     assert (m1["batches"], m1["completed"], m1["failed"]) == (2, 9, 1)
     assert (m1["input"], m1["cached"], m1["output"], m1["total"]) == (10, 4, 5, 15)
