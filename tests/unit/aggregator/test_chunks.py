@@ -2,8 +2,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Set as AbstractSet
+from functools import partial
 from pathlib import Path
 
+import pytest
+
+from services.aggregator import chunks as chunks_module
 from services.aggregator.chunks import (
     encode_chunk,
     merge_and_split,
@@ -65,12 +69,14 @@ def test_merge_and_split_with_duplicates_across_chunks(tmp_path: Path) -> None:
     assert split.output_bytes == out.stat().st_size and split.error_bytes == err.stat().st_size
 
 
-def test_merge_in_passes_when_many_chunks(tmp_path: Path) -> None:
+def test_merge_in_passes_when_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 300 one-line chunks with every line written twice: more than the fan-in, so merged in passes.
+    monkeypatch.setattr(chunks_module, "reduce_fan_in", partial(chunks_module.reduce_fan_in, fan_in=64))
     chunks = [write_chunk(tmp_path / f"c{i:04d}", [i % 150 + 1]) for i in range(300)]
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     split = merge_and_split(chunks, tmp_path, out, err)
     assert split.completed == 150 and split.failed == 0
+    assert len(list(tmp_path.glob("merge-0-*.chunk"))) == 5  # a first pass of five 64-file merges
     with out.open("rb") as f:
         assert [json.loads(x)["custom_id"] for x in f] == [f"c{n}" for n in range(1, 151)]
     with chunks[0].open("rb") as f:
