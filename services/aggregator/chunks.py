@@ -18,6 +18,7 @@ from shared.result_chunks import Record, encode_chunk, encode_record, parse_reco
 
 __all__ = ["Record", "encode_chunk", "encode_record", "merge_and_split", "parse_record"]
 
+
 def _fan_in(limit: int = 1024) -> int:
     """Chunk files open at once in a merge: ``limit``, or a quarter of the process's open-file
     limit when that is lower (never below 64). A batch cuts a chunk about every

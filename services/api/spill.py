@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from typing import IO
 
 _LENGTH = struct.Struct("<I")
+READ_BYTES = 128 * 1024
+"""Each run's read buffer while merging (a million lines' custom_ids make ~11 runs of 8 MiB:
+with 1 MiB buffers validation peaked ~10 MiB higher)."""
 
 
 class SortedRuns:
@@ -59,7 +62,7 @@ class SortedRuns:
             if at >= end:
                 return
             spill.seek(at)
-            chunk = spill.read(min(1 << 20, end - at))
+            chunk = spill.read(min(READ_BYTES, end - at))
             at += len(chunk)
             buffer, pos = buffer[pos:] + chunk, 0
 

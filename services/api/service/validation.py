@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from services.api.dispatch.order import OrderBuilder, PartOrders, prompt_text
+from services.api.dispatch.order import RUN_BYTES, OrderBuilder, PartOrders, prompt_text
 from services.api.spill import SortedRuns
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
@@ -26,8 +26,8 @@ from shared.protocol.openai import BatchError
 from shared.seen_lines import MAX_LINE_NUMBER
 from shared.stores.models import MODEL_NOT_FOUND, ServedModel
 
-ID_RUN_BYTES = 8 * 1024 * 1024
-"""Memory for the custom_id records sorted at a time (about 80,000 lines' worth)."""
+ID_RUN_BYTES = RUN_BYTES
+"""Memory for the custom_id records sorted at a time (about 40,000 lines' worth)."""
 
 
 class CustomIdCheck:
