@@ -38,13 +38,11 @@ class AggregatorConfig(AggregatorSettings):
     stream_buffer_maxsize: int = 20_000
     """Events faust buffers per partition before pausing its fetch; at faust's 4096 a fast
     producer made the consumer stall ~1 s between bursts."""
-    fetch_max_wait_ms: int = 50
+    fetch_max_wait_ms: int = 100
     """The longest a fetch waits for records (faust hard-codes 1500; see faust_adapter.py)."""
-    chunk_poll_seconds: float = 0.05
+    chunk_poll_seconds: float = 0.1
     """How often the results agent takes what arrived; chunks are cut from these polls
-    (coalescer.py). With 0.05 and a 50 ms fetch wait (against 0.1 and 100 ms) the 50,000-line
-    benchmark's count lag was 0.48-0.54 s at p50 and 0.78-0.95 s at most (0.58-0.61 and 1.18-1.20
-    s), at the same lines/s and aggregator CPU (2026-12-06, three runs against two)."""
+    (coalescer.py)."""
     standby_replicas: int = 1
     """faust ``table_standby_replicas`` of the batch-state table."""
     finalize_concurrency: int = 2
