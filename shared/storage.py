@@ -102,23 +102,23 @@ class ObjectStore:
         """Close the pooled connections (on stop)."""
         self._http.clear()
 
+    def _put_parts(self, key: str, stream: IO[bytes], length: int) -> StoredObject:
+        """Upload ``stream`` in parts (blocking), hashing it as it is read for the upload."""
+        reader = HashingReader(stream)
+        self.client.put_object(
+            self.bucket,
+            key,
+            cast(BinaryIO, reader),
+            length=length,
+            part_size=PART_SIZE,
+            num_parallel_uploads=PARALLEL_UPLOADS,
+        )
+        size = int(self.client.stat_object(self.bucket, key).size or 0)
+        return StoredObject(size, reader.checksum)
+
     async def put_stream(self, key: str, stream: IO[bytes], length: int = -1) -> StoredObject:
         """Upload from a readable file object in parts, hashing as it goes."""
-
-        def put() -> StoredObject:
-            reader = HashingReader(stream)
-            self.client.put_object(
-                self.bucket,
-                key,
-                cast(BinaryIO, reader),
-                length=length,
-                part_size=PART_SIZE,
-                num_parallel_uploads=PARALLEL_UPLOADS,
-            )
-            size = int(self.client.stat_object(self.bucket, key).size or 0)
-            return StoredObject(size, reader.checksum)
-
-        return await asyncio.to_thread(put)
+        return await asyncio.to_thread(self._put_parts, key, stream, length)
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(self.client.put_object, self.bucket, key, io.BytesIO(data), len(data))
@@ -128,18 +128,7 @@ class ObjectStore:
 
         def put() -> StoredObject:
             with open(path, "rb") as handle:
-                reader = HashingReader(handle)
-                length = os.fstat(handle.fileno()).st_size
-                self.client.put_object(
-                    self.bucket,
-                    key,
-                    cast(BinaryIO, reader),
-                    length=length,
-                    part_size=PART_SIZE,
-                    num_parallel_uploads=PARALLEL_UPLOADS,
-                )
-            size = int(self.client.stat_object(self.bucket, key).size or 0)
-            return StoredObject(size, reader.checksum)
+                return self._put_parts(key, handle, os.fstat(handle.fileno()).st_size)
 
         return await asyncio.to_thread(put)
 

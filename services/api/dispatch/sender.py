@@ -48,37 +48,40 @@ class LineSender:
 
     async def refuse(self, batch_id: str, lines: list[InputLine]) -> None:
         """Publish each line's ``model_not_found`` error result (a mixed batch's line naming a
-        model no worker serves): the aggregator counts it like any."""
-        futures = []
+        model no worker serves)."""
+        errors = []
         for line in lines:
             item = orjson.loads(line.raw.removeprefix(UTF8_BOM))
             body = item.get("body") if isinstance(item.get("body"), dict) else {}
-            result = ResultMessage(
-                request_id=ids.batch_request_id(),
-                custom_id=str(item.get("custom_id", "")),
-                batch_id=batch_id,
-                line=line.number,
-                error=LineError(code=MODEL_NOT_FOUND, message=NO_MODEL.format(model=body.get("model"))),
-            )
-            key = batch_id.encode()
-            futures.append(await self.producer.send(self.results_topic, encode(result), key=key))
-        await asyncio.gather(*futures)
+            error = LineError(code=MODEL_NOT_FOUND, message=NO_MODEL.format(model=body.get("model")))
+            errors.append((line.number, str(item.get("custom_id", "")), error))
+        await self._publish_errors(batch_id, errors)
 
     async def lost(self, batch_id: str, lines: list[SentLine], raws: list[bytes]) -> None:
-        """Publish each line's ``line_lost`` error result: the aggregator counts it like any."""
-        futures = []
+        """Publish each line's ``line_lost`` error result."""
+        errors = []
         for line, raw in zip(lines, raws, strict=True):
             try:
                 custom_id = str(orjson.loads(raw).get("custom_id"))
             except (orjson.JSONDecodeError, AttributeError):
                 custom_id = ""
+            error = LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt))
+            errors.append((line.line, custom_id, error))
+        await self._publish_errors(batch_id, errors)
+
+    async def _publish_errors(self, batch_id: str, errors: list[tuple[int, str, LineError]]) -> None:
+        """One error result per ``(line, custom_id, error)``, awaited until the broker has them
+        all: the aggregator counts each like any result."""
+        futures = []
+        for line, custom_id, error in errors:
             result = ResultMessage(
                 request_id=ids.batch_request_id(),
                 custom_id=custom_id,
                 batch_id=batch_id,
-                line=line.line,
-                error=LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt)),
+                line=line,
+                error=error,
             )
-            key = batch_id.encode()
-            futures.append(await self.producer.send(self.results_topic, encode(result), key=key))
+            futures.append(
+                await self.producer.send(self.results_topic, encode(result), key=batch_id.encode())
+            )
         await asyncio.gather(*futures)
