@@ -131,9 +131,16 @@ def metrics_text(url: str) -> str:
 def metric_value(url: str, name: str, **labels: str) -> float:
     """The sum of the samples named ``name`` on the ``/metrics`` page at ``url`` whose labels
     include ``labels`` (0 when there is none)."""
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(metrics_text(url))
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    )
+    return metric_values(url, name, **labels)[name]
+
+
+def metric_values(url: str, *names: str, **labels: str) -> dict[str, float]:
+    """``metric_value`` of each of ``names`` from one reading of the page. Only the samples' own
+    lines are parsed: a vLLM server's page is mostly histograms, slow to parse whole."""
+    wanted = [line for line in metrics_text(url).splitlines() if line.startswith(names)]
+    values = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families("\n".join(wanted) + "\n"):
+        for sample in family.samples:
+            if sample.name in values and labels.items() <= sample.labels.items():
+                values[sample.name] += sample.value
+    return values

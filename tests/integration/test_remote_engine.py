@@ -21,7 +21,7 @@ from openai.types import Batch
 
 from deploy.local import ModelSpec, Stack
 from tests.support.lines import CHAT, chat_body, read_lines, request_line
-from tests.support.metrics import metric_value
+from tests.support.metrics import metric_value, metric_values
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.vllm_server import SERVER_MAX_NUM_SEQS, VllmServer
 from tests.support.waiting import wait_terminal, wait_until
@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "remote-model"  # batchstream's name for the model; the server calls it otherwise
 WORKER_MAX_NUM_SEQS = 2 * SERVER_MAX_NUM_SEQS  # more than the server runs: admission must hold back
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +125,8 @@ def test_admission_fills_the_server_and_keeps_its_queue_near_empty(
     def sample() -> None:
         while not stop.is_set():
             try:
-                samples.append(
-                    (
-                        server_metric(vllm_server, "vllm:num_requests_running"),
-                        server_metric(vllm_server, "vllm:num_requests_waiting"),
-                    )
-                )
+                reading = metric_values(f"{vllm_server.url}/metrics", RUNNING, WAITING)
+                samples.append((reading[RUNNING], reading[WAITING]))
             except OSError:
                 pass
             stop.wait(0.05)
