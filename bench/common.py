@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from deploy.local import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
+from shared.protocol.messages import result_count
 from shared.topics import results_topic
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
@@ -272,7 +273,7 @@ class ResultsTap:
                     for record in records:
                         key = record.key.decode() if record.key else ""
                         stamp = record.timestamp / 1000 if record.timestamp and record.timestamp > 0 else now
-                        self.times[key].append(stamp)
+                        self.times[key] += [stamp] * result_count(record.headers)
         finally:
             await consumer.stop()
 

@@ -37,7 +37,7 @@ from services.aggregator.batches import BatchDirectory
 from services.aggregator.finalize import FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
-from shared.protocol.messages import ResultMessage
+from shared.protocol.messages import ResultMessage, result_values
 from shared.result_chunks import encode_chunk
 from shared.storage import ObjectStore, result_chunk_prefix
 from shared.stores.batches import BatchStore, LiveCounts
@@ -51,17 +51,25 @@ log = logging.getLogger(__name__)
 
 
 def decode_results(values: Iterable[bytes | None]) -> dict[str, list[ResultMessage]]:
-    """Parse raw message values and group them by batch; skip what is not for the aggregator."""
+    """Parse raw message values (a result, or a group of a batch's results) and group the results
+    by batch; skip what is not for the aggregator."""
     by_batch: dict[str, list[ResultMessage]] = defaultdict(list)
     for value in values:
         try:
-            result = ResultMessage.from_json(value or b"")  # the body stays raw JSON
-        except ValidationError as exc:
+            parts = result_values(value or b"")
+        except ValueError as exc:
             metrics.INVALID_RESULTS.labels("undecodable").inc()
-            log.warning("dropping an undecodable result", extra={"error": str(exc)[:300]})
+            log.warning("dropping an undecodable result group", extra={"error": str(exc)[:300]})
             continue
-        if result.batch_id is not None:
-            by_batch[result.batch_id].append(result)
+        for part in parts:
+            try:
+                result = ResultMessage.from_json(part)  # the body stays raw JSON
+            except ValidationError as exc:
+                metrics.INVALID_RESULTS.labels("undecodable").inc()
+                log.warning("dropping an undecodable result", extra={"error": str(exc)[:300]})
+                continue
+            if result.batch_id is not None:
+                by_batch[result.batch_id].append(result)
     return by_batch
 
 

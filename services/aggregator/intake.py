@@ -14,7 +14,7 @@ and counted, so every batch ended up to the window (then 0.5 s) after its last r
 0.6-0.8 s from the last result to ``completed`` on a 7 s batch). A shorter window alone would cut
 many more, smaller chunk objects from a slow stream, and finalize reads every one of them. So the
 agent takes in short polls (``chunk_poll_seconds``) and the coalescer cuts a chunk when it holds
-``chunk_lines`` events, when its oldest event has waited ``chunk_seconds`` (checked on every poll
+``chunk_lines`` results, when its oldest event has waited ``chunk_seconds`` (checked on every poll
 and by a ticker), or at once when it holds as many results of some batch as that batch still
 lacks: that batch's last lines. Results of chunks cut but not yet in the table (``settled`` is
 called once a chunk is) count towards that. Miscounting is harmless either way: duplicates make a
@@ -51,6 +51,7 @@ from services.aggregator import metrics
 from services.aggregator.counting import ChunkProcessor
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.supervisor import StallSupervisor
+from shared.protocol.messages import result_count
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,20 @@ def batch_of(event: ResultEvent) -> str | None:
     """Workers key a batch's results by its id (direct requests' results go to reply topics)."""
     key = event.message.key
     return key.decode(errors="replace") if isinstance(key, bytes) else None
+
+
+def results_in(event: ResultEvent) -> int:
+    """The results the event's message holds (a worker sends a batch's results in groups)."""
+    return result_count(getattr(event.message, "headers", None))
+
+
+def _per_batch(events: Sequence[ResultEvent]) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    for event in events:
+        batch_id = batch_of(event)
+        if batch_id:
+            counts[batch_id] += results_in(event)
+    return counts
 
 
 class ResultsIntake(Generic[E]):
@@ -212,6 +227,7 @@ class ChunkCoalescer(Generic[E]):
         self._max_age_s = max_age_s
         self._clock = clock or asyncio.get_running_loop().time
         self._pending: list[E] = []
+        self._pending_results = 0  # results in the pending events
         self._pending_per_batch: collections.Counter[str] = collections.Counter()
         self._unsettled_per_batch: collections.Counter[str] = collections.Counter()
         self._oldest = 0.0
@@ -227,12 +243,13 @@ class ChunkCoalescer(Generic[E]):
         if not self._pending:
             self._oldest = self._clock()
         self._pending.extend(events)
-        batches = [b for b in map(batch_of, events) if b]
-        self._pending_per_batch.update(batches)
+        added = _per_batch(events)
+        self._pending_per_batch.update(added)
+        self._pending_results += sum(map(results_in, events))
         if (
-            len(self._pending) >= self._max_lines
+            self._pending_results >= self._max_lines
             or self._old()
-            or await self._completes_a_batch(set(batches))
+            or await self._completes_a_batch(set(added))
         ):
             return self.cut()
         return None
@@ -249,13 +266,14 @@ class ChunkCoalescer(Generic[E]):
         if not self._pending:
             return None
         chunk, self._pending = self._pending, []
+        self._pending_results = 0
         self._unsettled_per_batch.update(self._pending_per_batch)
         self._pending_per_batch = collections.Counter()
         return chunk
 
     def settled(self, chunk: list[E]) -> None:
         """The chunk's results are in the table now (``remaining`` counts them)."""
-        self._unsettled_per_batch.subtract(b for b in map(batch_of, chunk) if b)
+        self._unsettled_per_batch.subtract(_per_batch(chunk))
         self._unsettled_per_batch = +self._unsettled_per_batch  # drop zero and negative counts
 
     def _old(self) -> bool:

@@ -5,7 +5,8 @@ polling until a place frees (``getmany`` takes at most the free places; what aio
 beyond them stays in its buffer). A window that stays full polls every ``KEEPALIVE_POLL_S`` with
 its partitions paused, so the group does not drop a member whose engine is busy with long requests.
 
-A result is published, and its publish acknowledged by the broker, before its offset
+A result is published (``publisher.py``: a batch's results that finish together share one
+message), and its publish acknowledged by the broker, before its offset
 counts as done; a request waiting for that acknowledgement has left the engine and no longer holds
 one of its places (else a fast engine would idle for every round trip to the broker;
 ``max_publishing`` bounds those waiting); a partition commits only up to its lowest offset
@@ -26,15 +27,14 @@ import pydantic
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
-from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
 from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
+from services.inference.publisher import ResultPublisher
 from services.inference.settings import InferenceSettings, default
 from shared.kafka import decode
 from shared.protocol.messages import LineError, RequestMessage, ResultMessage
-from shared.retries import RetryRule, first_then_retrying
 from shared.settings import KafkaSettings
 from shared.topics import inference_group, requests_topic, results_topic
 
@@ -50,8 +50,6 @@ MAX_POLL_INTERVAL_MS = 300_000
 # worker would fetch and decode them again after the resume. Whoever builds a consumer with a
 # shorter deadline must pass a keep-alive to match (``keepalive_poll_s``).
 KEEPALIVE_POLL_S = MAX_POLL_INTERVAL_MS / 1000 / 10
-# A publish is tried again when the broker refuses or does not confirm it.
-PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
 
 
 class FatalConsumerError(RuntimeError):
@@ -122,8 +120,9 @@ class RequestConsumer:
         self.in_flight_limit = max(1, in_flight_limit)
         self.max_publishing = max(1, max_publishing)
         self.drain_timeout_s = drain_timeout_s
-        self.publish_attempts = max(1, publish_attempts)
-        self.publish_retry_max_wait_s = publish_retry_max_wait_s
+        self.publisher = ResultPublisher(
+            producer, attempts=publish_attempts, retry_max_wait_s=publish_retry_max_wait_s
+        )
         self.commit_interval_s = commit_interval_s
         self.keepalive_poll_s = keepalive_poll_s
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
@@ -259,7 +258,8 @@ class RequestConsumer:
         finally:
             self._left_engine(asyncio.current_task())
         if result is not None:
-            await self._publish(result, reply_topic or self.results_topic, where)
+            topic = reply_topic or self.results_topic
+            await self.publisher.publish(result, topic, group=reply_topic is None, where=where)
         self.offsets.finish(partition, record.offset, epoch)
 
     async def _result_for(
@@ -302,36 +302,6 @@ class RequestConsumer:
         return never_ran(
             stub, LineError(code="invalid_request", message=f"Invalid request message: {detail}")
         )
-
-    async def _publish(self, result: ResultMessage, topic: str, where: str) -> None:
-        """Publish and wait for the broker's acknowledgement, trying again while it fails; the
-        last failure propagates (the line's offset is then never committed by this worker)."""
-        key = (result.batch_id or result.request_id).encode()
-        value = result.to_json()
-        context = {"batch_id": result.batch_id, "custom_id": result.custom_id, "at": where}
-
-        def before_sleep(state: RetryCallState) -> None:
-            metrics.PUBLISH_RETRIES.inc()
-            error = state.outcome.exception() if state.outcome else None
-            log.warning("publishing a result failed (try %d): %r", state.attempt_number, error, extra=context)
-
-        def retrying() -> AsyncRetrying:  # built only when the first try failed
-            return AsyncRetrying(
-                stop=stop_after_attempt(self.publish_attempts),
-                wait=wait_random_exponential(multiplier=0.2, max=self.publish_retry_max_wait_s),
-                before_sleep=before_sleep,
-                reraise=True,
-            )
-
-        async def attempt() -> Any:
-            return await self.producer.send_and_wait(topic, value, key=key)
-
-        try:
-            await first_then_retrying(attempt, PUBLISH_RETRY, retrying)
-        except KafkaError:
-            metrics.PUBLISH_FAILURES.inc()
-            log.error("publishing a result failed for good; stopping uncommitted", extra=context)
-            raise
 
     async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
         self._last_commit = time.monotonic()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 REQUESTS = Counter(
     "batchstream_inference_requests_total",
@@ -64,6 +64,11 @@ PUBLISH_RETRIES = Counter(
 PUBLISH_FAILURES = Counter(
     "batchstream_inference_publish_failures_total",
     "Results whose every publish try failed: the worker stops and the line is not committed.",
+)
+RESULTS_PER_MESSAGE = Histogram(
+    "batchstream_inference_results_per_message",
+    "Results per published Kafka message (a batch's results that finish together travel as one).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
 )
 
 

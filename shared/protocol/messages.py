@@ -3,6 +3,13 @@
 A message is one JSON object with ``schema_version``. Consumers accept the versions they know and
 reject others with a clear error; fields are only ever added within a version.
 
+A result is a version-1 ``ResultMessage``. On the results topic, a worker sends the results of
+one batch that finish together as one version-2 message, a result group:
+``{"schema_version": 2, "batch_id": ..., "results": [<version-1 result>, ...]}``, with the number
+of results in its ``RESULT_COUNT_HEADER`` header (one Kafka message per line cost the worker's
+producer and the aggregator's consumer more than the line itself). ``result_values`` gives a
+message's results, whichever version it is. A reply topic gets version-1 messages only.
+
 A result's response body is carried as raw JSON bytes (``RawJson``): the engine serialises it
 once, ``ResultMessage.to_json`` splices it into the message, ``ResultMessage.from_json`` cuts it
 out again without parsing it (msgspec's ``Raw``), and ``output_line_json`` splices it into the
@@ -12,6 +19,7 @@ beside it in ``ResultMessage.usage``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -28,6 +36,11 @@ from pydantic import (
 )
 
 SCHEMA_VERSION: Literal[1] = 1
+RESULT_GROUP_VERSION: Literal[2] = 2
+"""A results-topic message of this version holds several version-1 results of one batch."""
+RESULT_COUNT_HEADER = "batchstream-results"
+"""Kafka header of a result group: how many results it holds (ASCII digits), readable without
+parsing the value. A message without it holds one result."""
 
 
 class SamplingDefaults(BaseModel):
@@ -259,8 +272,58 @@ class ResultMessage(BaseModel):
         )
 
 
+class ResultGroup(BaseModel):
+    """Several results of one batch in one results-topic message (the schema of the docs; the
+    worker writes it with ``result_group_json`` and readers split it with ``result_values``)."""
+
+    schema_version: Literal[2] = RESULT_GROUP_VERSION
+    batch_id: str
+    results: list[ResultMessage] = Field(description="Version-1 results of this batch.")
+
+
 # A JSON object's members, each left as its raw JSON text.
 _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def result_group_json(batch_id: str, results: Sequence[bytes]) -> bytes:
+    """A version-2 message of one batch's results, each a ``ResultMessage.to_json()``, spliced
+    in unparsed."""
+    head = orjson.dumps({"schema_version": RESULT_GROUP_VERSION, "batch_id": batch_id})
+    return b"".join((head[:-1], b',"results":[', b",".join(results), b"]}"))
+
+
+def result_values(value: bytes) -> list[bytes]:
+    """The version-1 results a results-topic message holds, each as its JSON bytes: the message
+    itself unless it is a result group. Raises ``ValueError`` for a group that is not well formed
+    (a version-1 message is judged when it is read, by ``ResultMessage.from_json``)."""
+    if b'"results"' not in value:  # not a group: no need to parse it here
+        return [value]
+    try:
+        members = _RAW_OBJECT.decode(value)
+    except msgspec.DecodeError:
+        return [value]
+    version = members.get("schema_version")
+    if version is None or bytes(version) != b"2":
+        return [value]
+    results = members.get("results")
+    try:
+        return [bytes(raw) for raw in _RAW_LIST.decode(results if results is not None else b"")]
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"a result group's results are not a JSON array: {exc}") from exc
+
+
+def result_count(headers: Any) -> int:
+    """How many results a results-topic message holds, from its headers (aiokafka's sequence of
+    pairs, or a mapping): its ``RESULT_COUNT_HEADER``, else 1."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for name, raw in pairs:
+        if name == RESULT_COUNT_HEADER:
+            try:
+                return max(1, int(raw))
+            except (TypeError, ValueError):
+                return 1
+    return 1
 
 
 def _response_members(raw: msgspec.Raw) -> Any:

@@ -24,7 +24,7 @@ from services.inference.consumer import FatalConsumerError, RequestConsumer, mak
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from shared.kafka import encode, make_producer
-from shared.protocol.messages import RequestMessage
+from shared.protocol.messages import RequestMessage, result_values
 from shared.settings import KafkaSettings
 from shared.topics import requests_topic, results_topic
 from tests.support.fresh_kafka import fresh_kafka
@@ -179,7 +179,7 @@ async def results_on_topic(settings: KafkaSettings) -> list[str]:
         async with asyncio.timeout(30):
             while True:
                 for records in (await consumer.getmany(timeout_ms=300)).values():
-                    found += [json.loads(r.value)["custom_id"] for r in records]
+                    found += [json.loads(v)["custom_id"] for r in records for v in result_values(r.value)]
                 marks = [(await consumer.position(tp), consumer.highwater(tp)) for tp in partitions]
                 if all(high is not None and position >= high for position, high in marks):
                     return found

@@ -29,7 +29,7 @@ from openai.types import Batch
 from deploy.local import ModelSpec, Stack
 from services.inference.settings import InferenceSettings
 from shared.kafka import encode, make_producer
-from shared.protocol.messages import RequestMessage, ResultMessage
+from shared.protocol.messages import RequestMessage, ResultMessage, result_values
 from shared.topics import requests_topic, results_topic
 from tests.support.lines import CHAT, chat_body, read_lines, request_line
 from tests.support.metrics import metric_value
@@ -221,9 +221,10 @@ async def _results_on_topic(stack: Stack, batch_ids: set[str]) -> list[tuple[int
             while True:
                 for records in (await consumer.getmany(timeout_ms=500)).values():
                     for record in records:
-                        batch_id = json.loads(record.value).get("batch_id")
-                        if batch_id in batch_ids:
-                            found.append((record.timestamp, batch_id))
+                        for value in result_values(record.value):
+                            batch_id = json.loads(value).get("batch_id")
+                            if batch_id in batch_ids:
+                                found.append((record.timestamp, batch_id))
                 positions = [(await consumer.position(tp), consumer.highwater(tp)) for tp in partitions]
                 if all(high is not None and position >= high for position, high in positions):
                     break

@@ -23,6 +23,7 @@ import pytest
 from deploy.local import ModelSpec, Stack
 from tests.integration.api.corpus import dump, line
 from tests.support.http_batches import create_batch
+from tests.support.metrics import metric_values
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import TERMINAL
 
@@ -109,6 +110,20 @@ def test_twenty_clients_while_a_20000_line_batch_runs(load_stack: Stack) -> None
         done = polls.wait(api, big, 600, interval_s=0.5)
         big_s = time.monotonic() - started
         assert_exact(api, done, big_ids)
+    # The worker sent its results in groups (each result of a batch in one message with others
+    # that finished with it), and the aggregator counted every line of them exactly once above.
+    worker_metrics = f"http://127.0.0.1:{load_stack.ports.inference}/metrics"
+    sent = metric_values(
+        worker_metrics,
+        "batchstream_inference_results_per_message_sum",
+        "batchstream_inference_results_per_message_count",
+    )
+    results, messages = (
+        sent["batchstream_inference_results_per_message_sum"],
+        sent["batchstream_inference_results_per_message_count"],
+    )
+    assert results >= BIG_LINES + CLIENTS * SMALL_LINES
+    assert messages < results / 4, f"{results:.0f} results in {messages:.0f} messages"
     seconds = sorted(polls.seconds)
     p50, p99 = statistics.median(seconds), seconds[int(0.99 * (len(seconds) - 1))]
     print(
@@ -116,5 +131,6 @@ def test_twenty_clients_while_a_20000_line_batch_runs(load_stack: Stack) -> None
         f"small batches created-to-completed median {statistics.median(smalls):.1f}s, max {max(smalls):.1f}s "
         f"(the big one had {big_during['request_counts']['completed']:,} lines done when the last small "
         f"one ended, finished after {big_s:.0f}s); GET /v1/batches/{{id}} over {len(seconds)} polls: "
-        f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {seconds[-1] * 1000:.0f} ms"
+        f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {seconds[-1] * 1000:.0f} ms; "
+        f"the worker sent {results:,.0f} results in {messages:,.0f} messages"
     )

@@ -11,6 +11,7 @@ import pytest
 
 from services.aggregator.intake import ChunkCoalescer, ResultsIntake
 from services.aggregator.settings import AggregatorConfig
+from shared.protocol.messages import RESULT_COUNT_HEADER
 from tests.support.fakes import FakeClock
 
 
@@ -18,6 +19,7 @@ from tests.support.fakes import FakeClock
 class FakeMessage:
     key: bytes | None
     timestamp: float = 0.0
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -258,3 +260,17 @@ async def test_full_chunks_are_cut_at_max_lines() -> None:
     await cuts.add()
     cuts._keep(cuts.coalescer.cut())
     assert len(cuts.chunks) == 1
+
+
+async def test_a_group_of_results_counts_as_its_results() -> None:
+    """A worker's group of a batch's results (its count in a header) counts as that many lines:
+    towards the batch's last lines and towards a full chunk."""
+    cuts = Cuts({"a": 10, "b": 100}, max_lines=50)
+    group = FakeEvent(b"group", FakeMessage(b"a", headers=((RESULT_COUNT_HEADER, b"9"),)))
+    cuts._keep(await cuts.coalescer.add([group]))
+    assert cuts.chunks == []
+    await cuts.add(("a", 10))  # 9 + 1: the batch's last line
+    assert len(cuts.chunks) == 1
+    big = FakeEvent(b"big", FakeMessage(b"b", headers=((RESULT_COUNT_HEADER, b"60"),)))
+    cuts._keep(await cuts.coalescer.add([big]))  # 60 results: over max_lines
+    assert len(cuts.chunks) == 2

@@ -18,7 +18,7 @@ from services.inference.consumer import RequestConsumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from shared.kafka import encode
-from shared.protocol.messages import RequestMessage
+from shared.protocol.messages import RequestMessage, result_values
 
 PARTITION = TopicPartition("requests.fake-model", 0)
 
@@ -72,8 +72,10 @@ class FakeProducerAcking:
         self.sent: list[bytes] = []
         self.all_sent = asyncio.Event()
 
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self.sent.append(value)
+    async def send_and_wait(
+        self, topic: str, value: bytes, key: bytes | None = None, headers: object = None
+    ) -> None:
+        self.sent += result_values(value)
         if len(self.sent) >= self.expected:
             self.all_sent.set()
 

@@ -8,7 +8,16 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from shared.protocol.messages import LineError, ResponsePayload, ResultMessage, TokenUsage
+from shared.protocol.messages import (
+    RESULT_COUNT_HEADER,
+    LineError,
+    ResponsePayload,
+    ResultMessage,
+    TokenUsage,
+    result_count,
+    result_group_json,
+    result_values,
+)
 
 # Key order, spacing and float spelling of its own: only a splice keeps them byte for byte.
 BODY = (
@@ -98,3 +107,24 @@ def test_a_body_on_several_lines_is_put_on_one() -> None:
 def test_what_is_not_a_result_raises_a_validation_error(value: bytes) -> None:
     with pytest.raises(ValidationError):
         ResultMessage.from_json(value)
+
+
+def test_a_result_group_gives_back_its_results_and_others_themselves() -> None:
+    one = ResultMessage(
+        request_id="r1", custom_id="a", batch_id="b", line=1, error=LineError(code="x", message="y")
+    )
+    rerank = ResultMessage(
+        request_id="r2",
+        custom_id="b",
+        batch_id="b",
+        line=2,
+        response=ResponsePayload(status_code=200, request_id="r2", body=b'{"results": [{"index": 0}]}'),
+    )
+    group = result_group_json("b", [one.to_json(), rerank.to_json()])
+    assert [ResultMessage.from_json(v) for v in result_values(group)] == [one, rerank]
+    # A version-1 message is itself, even when its body holds a "results" member.
+    assert result_values(rerank.to_json()) == [rerank.to_json()]
+    with pytest.raises(ValueError, match="not a JSON array"):
+        result_values(b'{"schema_version": 2, "batch_id": "b", "results": {"no": 1}}')
+    assert result_count([(RESULT_COUNT_HEADER, b"12")]) == 12
+    assert result_count({RESULT_COUNT_HEADER: b"junk"}) == 1 and result_count(None) == 1

@@ -1,0 +1,155 @@
+"""Results to the broker: the results of one batch that finish together go out as one message.
+
+One Kafka message per line cost the worker's producer and the aggregator's consumer more than
+the line's own work. So a batch line's result joins its batch's open group (``result_group_json``,
+version 2 of the results schema), and a group goes out when nothing of its batch is on its way to
+the broker: the results finished in the same turn of the event loop, or while the previous group
+waited for its acknowledgement, travel together. An idle worker adds no wait (a lone result goes
+at once, as a version-1 message); a busy one sends fewer, larger messages, up to
+``GROUP_MAX_RESULTS`` results or ``GROUP_MAX_BYTES`` (a group that would outgrow either goes at
+once and a new one opens). A result for a reply topic, or of no batch, goes alone as version 1:
+direct Kafka clients read one result per message.
+
+Each caller waits for its own group's acknowledgement; a publish the broker refuses or does not
+confirm is tried again (bounded, random exponential backoff), and when every try fails each
+caller of the group gets the error (its line's offset is then never committed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
+
+from services.inference import metrics
+from shared.protocol.messages import RESULT_COUNT_HEADER, ResultMessage, result_group_json
+from shared.retries import RetryRule, first_then_retrying
+
+log = logging.getLogger(__name__)
+
+GROUP_MAX_RESULTS = 1_000
+GROUP_MAX_BYTES = 512 * 1024
+"""Below Kafka's default limit on a message (1 MiB), so a broker with defaults takes any group."""
+PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
+
+
+@dataclass
+class _Group:
+    topic: str
+    batch_id: str
+    values: list[bytes] = field(default_factory=list)
+    size: int = 0
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def fits(self, value: bytes) -> bool:
+        return len(self.values) < GROUP_MAX_RESULTS and self.size + len(value) <= GROUP_MAX_BYTES
+
+
+@dataclass
+class _Slot:
+    """One batch's results on one topic: the group gathering, and how many are being sent."""
+
+    open: _Group | None = None
+    sending: int = 0
+
+
+class ResultPublisher:
+    def __init__(self, producer: AIOKafkaProducer, *, attempts: int, retry_max_wait_s: float) -> None:
+        self.producer = producer
+        self.attempts = max(1, attempts)
+        self.retry_max_wait_s = retry_max_wait_s
+        self._slots: dict[tuple[str, str], _Slot] = {}
+        self._sends: set[asyncio.Task[None]] = set()
+
+    async def publish(self, result: ResultMessage, topic: str, *, group: bool, where: str) -> None:
+        """Publish ``result`` on ``topic`` and wait for the broker's acknowledgement; ``group``:
+        it may travel with others of its batch. The last failure propagates."""
+        value = result.to_json()
+        if not group or result.batch_id is None or len(value) > GROUP_MAX_BYTES:
+            key = (result.batch_id or result.request_id).encode()
+            await self._send(topic, key, value, 1, {"batch_id": result.batch_id, "at": where})
+            return
+        slot = self._slots.setdefault((topic, result.batch_id), _Slot())
+        joined = slot.open
+        if joined is not None and not joined.fits(value):
+            slot.open = None
+            self._launch(slot, joined)  # full: it goes now, a new group opens
+            joined = None
+        if joined is None:
+            joined = slot.open = _Group(topic, result.batch_id)
+            if not slot.sending:  # gather what else finishes in this turn of the loop
+                asyncio.get_running_loop().call_soon(self._send_open, slot)
+        joined.values.append(value)
+        joined.size += len(value)
+        # Shielded: a caller cancelled (a drain that timed out) must not cancel its group-mates.
+        await asyncio.shield(joined.done)
+
+    def _send_open(self, slot: _Slot) -> None:
+        if slot.open is not None and not slot.sending:
+            group, slot.open = slot.open, None
+            self._launch(slot, group)
+
+    def _launch(self, slot: _Slot, group: _Group) -> None:
+        slot.sending += 1
+        task = asyncio.create_task(self._send_group(slot, group))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send_group(self, slot: _Slot, group: _Group) -> None:
+        count = len(group.values)
+        value = group.values[0] if count == 1 else result_group_json(group.batch_id, group.values)
+        try:
+            await self._send(group.topic, group.batch_id.encode(), value, count, {"batch_id": group.batch_id})
+        except asyncio.CancelledError:
+            group.done.cancel()
+            raise
+        except Exception as exc:
+            group.done.set_exception(exc)
+            group.done.add_done_callback(_retrieve)  # every caller may have gone
+        else:
+            group.done.set_result(None)
+        finally:
+            slot.sending -= 1
+            if slot.open is not None:
+                self._send_open(slot)  # what gathered meanwhile
+            elif not slot.sending:
+                self._slots.pop((group.topic, group.batch_id), None)
+
+    async def _send(self, topic: str, key: bytes, value: bytes, count: int, context: dict[str, Any]) -> None:
+        """Send one message, trying again while the broker refuses it."""
+        metrics.RESULTS_PER_MESSAGE.observe(count)
+        headers = [(RESULT_COUNT_HEADER, str(count).encode())] if count > 1 else None
+        context = {**context, "results": count}
+
+        def before_sleep(state: RetryCallState) -> None:
+            metrics.PUBLISH_RETRIES.inc()
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("publishing results failed (try %d): %r", state.attempt_number, error, extra=context)
+
+        def retrying() -> AsyncRetrying:  # built only when the first try failed
+            return AsyncRetrying(
+                stop=stop_after_attempt(self.attempts),
+                wait=wait_random_exponential(multiplier=0.2, max=self.retry_max_wait_s),
+                before_sleep=before_sleep,
+                reraise=True,
+            )
+
+        async def attempt() -> Any:
+            return await self.producer.send_and_wait(topic, value, key=key, headers=headers)
+
+        try:
+            await first_then_retrying(attempt, PUBLISH_RETRY, retrying)
+        except KafkaError:
+            metrics.PUBLISH_FAILURES.inc()
+            log.error("publishing results failed for good; stopping uncommitted", extra=context)
+            raise
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
