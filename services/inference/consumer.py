@@ -34,7 +34,7 @@ from services.inference.offsets import OffsetTracker
 from services.inference.publisher import ResultPublisher
 from services.inference.settings import InferenceSettings, default
 from shared.kafka import decode
-from shared.protocol.messages import LineError, RequestMessage, ResultMessage
+from shared.protocol.messages import LineError, RequestMessage, ResultMessage, read_plain_request
 from shared.settings import KafkaSettings
 from shared.topics import inference_group, requests_topic, results_topic
 
@@ -265,6 +265,11 @@ class RequestConsumer:
     async def _result_for(
         self, record: ConsumerRecord[Any, Any], where: str
     ) -> tuple[ResultMessage | None, str | None]:
+        message = read_plain_request(record.value or b"")
+        if message is not None:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("running request", extra={"batch_id": message.batch_id, "at": where})
+            return await self.handler.handle(message), message.reply_topic
         try:
             raw = decode(record.value)
         except ValueError as exc:

@@ -19,6 +19,7 @@ beside it in ``ResultMessage.usage``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -30,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -82,6 +84,72 @@ class RequestMessage(BaseModel):
     reply_topic: str | None = Field(default=None, description="Default: the results topic.")
     defaults: SamplingDefaults | None = None
     expires_at: float | None = Field(default=None, description="Unix seconds; not run after.")
+
+
+class _WireDefaults(msgspec.Struct):
+    max_decoding_length: int | None = None
+    max_context_length: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_defaults(values: tuple[Any, ...]) -> SamplingDefaults:
+    """A batch's defaults, checked once (every line of a batch carries the same)."""
+    return SamplingDefaults.model_validate(dict(zip(_DEFAULT_FIELDS, values, strict=True)))
+
+
+_DEFAULT_FIELDS = tuple(_WireDefaults.__struct_fields__)
+
+
+class _WireRequest(msgspec.Struct):
+    """A ``RequestMessage`` whose every field is already of its type: ``read_plain_request``'s
+    hot path (its defaults' ranges are checked by ``SamplingDefaults``, once per batch)."""
+
+    request_id: str
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+    schema_version: Literal[1] = SCHEMA_VERSION
+    method: Literal["POST"] = "POST"
+    batch_id: str | None = None
+    line: int | None = None
+    reply_topic: str | None = None
+    defaults: _WireDefaults | None = None
+    expires_at: float | None = None
+
+
+_WIRE_REQUEST = msgspec.json.Decoder(_WireRequest)
+
+
+def read_plain_request(value: bytes) -> RequestMessage | None:
+    """The request message ``value`` holds when msgspec takes it as it is (the worker's hot
+    path: every line the api sends); None for anything else, which the caller reads and judges
+    with pydantic (defaults to check, a type to coerce, an invalid message to word)."""
+    try:
+        wire = _WIRE_REQUEST.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    defaults = None
+    if wire.defaults is not None:
+        try:
+            defaults = _checked_defaults(msgspec.structs.astuple(wire.defaults))
+        except ValidationError:
+            return None
+    return RequestMessage.model_construct(
+        schema_version=SCHEMA_VERSION,
+        request_id=wire.request_id,
+        custom_id=wire.custom_id,
+        method="POST",
+        url=wire.url,
+        body=wire.body,
+        batch_id=wire.batch_id,
+        line=wire.line,
+        reply_topic=wire.reply_topic,
+        defaults=defaults,
+        expires_at=wire.expires_at,
+    )
 
 
 def request_message_json(
@@ -245,7 +313,45 @@ class ResultMessage(BaseModel):
 
     @classmethod
     def from_json(cls, value: bytes) -> ResultMessage:
-        """A published message, read without parsing its body; raises pydantic's ``ValidationError``."""
+        """A published message, read without parsing its body; raises pydantic's ``ValidationError``.
+
+        The hot path (the aggregator reads every result): msgspec checks the message against
+        ``_WireResult`` (the same fields and types, strictly) and the model is built from that
+        without validating again. Anything it does not take as it is (a wrong type pydantic would
+        coerce, an older message without ``usage``, a body spread over lines) goes the slow way
+        below, which judges and words it as pydantic does."""
+        try:
+            wire = _WIRE_RESULT.decode(value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return cls._from_json_slowly(value)
+        response = wire.response
+        body = bytes(response.body) if response is not None else b""
+        if (
+            b"\n" in body
+            or b"\r" in body
+            or (wire.usage is None and response is not None and response.status_code == 200)
+        ):
+            return cls._from_json_slowly(value)
+        usage = wire.usage
+        return cls.model_construct(
+            schema_version=SCHEMA_VERSION,
+            request_id=wire.request_id,
+            custom_id=wire.custom_id,
+            batch_id=wire.batch_id,
+            line=wire.line,
+            usage=None if usage is None else TokenUsage.model_construct(**msgspec.structs.asdict(usage)),
+            response=None
+            if response is None
+            else ResponsePayload.model_construct(
+                status_code=response.status_code, request_id=response.request_id, body=body
+            ),
+            error=None
+            if wire.error is None
+            else LineError.model_construct(code=wire.error.code, message=wire.error.message),
+        )
+
+    @classmethod
+    def _from_json_slowly(cls, value: bytes) -> ResultMessage:
         try:
             members = _RAW_OBJECT.decode(value)
         except msgspec.DecodeError:  # not a JSON object: pydantic words the error
@@ -283,6 +389,42 @@ class ResultGroup(BaseModel):
 
 # A JSON object's members, each left as its raw JSON text.
 _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+class _WireUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class _WireResponse(msgspec.Struct):
+    status_code: int
+    request_id: str
+    body: msgspec.Raw
+
+
+class _WireError(msgspec.Struct):
+    code: str
+    message: str
+
+
+class _WireResult(msgspec.Struct):
+    """A version-1 result as ``ResultMessage.to_json`` writes it, for ``from_json``'s hot path
+    (unknown fields ignored, as the model does)."""
+
+    request_id: str
+    custom_id: str
+    schema_version: Literal[1] = SCHEMA_VERSION
+    batch_id: str | None = None
+    line: int | None = None
+    usage: _WireUsage | None = None
+    response: _WireResponse | None = None
+    error: _WireError | None = None
+
+
+_WIRE_RESULT = msgspec.json.Decoder(_WireResult)
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 
 

@@ -128,3 +128,23 @@ def test_a_result_group_gives_back_its_results_and_others_themselves() -> None:
         result_values(b'{"schema_version": 2, "batch_id": "b", "results": {"no": 1}}')
     assert result_count([(RESULT_COUNT_HEADER, b"12")]) == 12
     assert result_count({RESULT_COUNT_HEADER: b"junk"}) == 1 and result_count(None) == 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"schema_version":1,"request_id":"r","custom_id":"c","batch_id":"b","line":3,'
+        b'"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3},'
+        b'"response":{"status_code":200,"request_id":"q","body":{"usage":{"prompt_tokens":2}}},"error":null}',
+        b'{"request_id":"r","custom_id":"c","error":{"code":"batch_expired","message":"m"},"extra":1}',
+        b'{"request_id":"r","custom_id":"c","response":{"status_code":500,"request_id":"q","body":{"error":{}}}}',
+        # Taken only by the slow path: a line number as a string, a body on two lines, no usage.
+        b'{"request_id":"r","custom_id":"c","line":"7"}',
+        b'{"request_id":"r","custom_id":"c","response":{"status_code":200,"request_id":"q","body":{\n"a":1}}}',
+        b'{"request_id":"r","custom_id":"c","response":{"status_code":200,"request_id":"q",'
+        b'"body":{"usage":{"prompt_tokens":4,"completion_tokens":2}}}}',
+    ],
+)
+def test_the_fast_read_gives_what_pydantic_gives(value: bytes) -> None:
+    assert ResultMessage.from_json(value) == ResultMessage._from_json_slowly(value)
+    assert ResultMessage.from_json(value).to_json() == ResultMessage._from_json_slowly(value).to_json()

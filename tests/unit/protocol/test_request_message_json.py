@@ -8,7 +8,12 @@ import orjson
 import pytest
 
 from shared.protocol.batch_input import UTF8_BOM, BatchRequestInput, parse_raw_line
-from shared.protocol.messages import RequestMessage, SamplingDefaults, request_message_json
+from shared.protocol.messages import (
+    RequestMessage,
+    SamplingDefaults,
+    read_plain_request,
+    request_message_json,
+)
 
 LINES = [
     b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
@@ -41,6 +46,7 @@ def test_a_spliced_request_message_equals_the_models(
     )
 
     assert RequestMessage.model_validate_json(spliced) == model
+    assert read_plain_request(spliced) == model  # the worker's hot path reads the same
     assert orjson.loads(model.model_dump_json()) == orjson.loads(spliced)
 
 
@@ -59,3 +65,20 @@ def test_the_body_reaches_the_message_exactly_as_written() -> None:
         expires_at=None,
     )
     assert json.loads(spliced)["body"] == json.loads(raw)["body"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"request_id": "r", "custom_id": "c", "url": "/v1/completions", "body": {}, "line": "7"}',
+        b'{"request_id": "r", "custom_id": "c", "url": "/v1/completions", "body": {},'
+        b' "defaults": {"temperature": 9}}',
+        b'{"request_id": "r", "custom_id": "c", "url": "/v1/completions", "body": []}',
+        b'{"request_id": "r", "url": "/v1/completions", "body": {}}',
+        b"[1]",
+    ],
+)
+def test_what_the_hot_path_does_not_take_as_it_is_goes_to_pydantic(value: bytes) -> None:
+    """A type to coerce, a default out of range, a wrong or missing field: the worker reads it
+    the slow way, which coerces or words the error."""
+    assert read_plain_request(value) is None
