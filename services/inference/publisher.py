@@ -44,7 +44,18 @@ class _Group:
     batch_id: str
     values: list[bytes] = field(default_factory=list)
     size: int = 0
-    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # One future per caller, not one shared: a caller cancelled (a drain that timed out) cancels
+    # only its own (and costs less than ``asyncio.shield`` on the shared one).
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def settle(self, error: Exception | None) -> None:
+        for waiter in self.waiters:
+            if waiter.done():  # its caller was cancelled
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
 
     def fits(self, value: bytes) -> bool:
         return len(self.values) < GROUP_MAX_RESULTS and self.size + len(value) <= GROUP_MAX_BYTES
@@ -86,8 +97,9 @@ class ResultPublisher:
                 asyncio.get_running_loop().call_soon(self._send_open, slot)
         joined.values.append(value)
         joined.size += len(value)
-        # Shielded: a caller cancelled (a drain that timed out) must not cancel its group-mates.
-        await asyncio.shield(joined.done)
+        waiter = asyncio.get_running_loop().create_future()
+        joined.waiters.append(waiter)
+        await waiter
 
     def _send_open(self, slot: _Slot) -> None:
         if slot.open is not None and not slot.sending:
@@ -106,13 +118,13 @@ class ResultPublisher:
         try:
             await self._send(group.topic, group.batch_id.encode(), value, count, {"batch_id": group.batch_id})
         except asyncio.CancelledError:
-            group.done.cancel()
+            for waiter in group.waiters:
+                waiter.cancel()
             raise
         except Exception as exc:
-            group.done.set_exception(exc)
-            group.done.add_done_callback(_retrieve)  # every caller may have gone
+            group.settle(exc)
         else:
-            group.done.set_result(None)
+            group.settle(None)
         finally:
             slot.sending -= 1
             if slot.open is not None:
@@ -148,8 +160,3 @@ class ResultPublisher:
             metrics.PUBLISH_FAILURES.inc()
             log.error("publishing results failed for good; stopping uncommitted", extra=context)
             raise
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
