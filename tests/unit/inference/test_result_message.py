@@ -14,10 +14,13 @@ from shared.protocol.messages import (
     ResponsePayload,
     ResultMessage,
     TokenUsage,
+    WireResult,
+    read_result,
     result_count,
     result_group_json,
     result_values,
 )
+from shared.result_chunks import token_sums
 
 # Key order, spacing and float spelling of its own: only a splice keeps them byte for byte.
 BODY = (
@@ -145,6 +148,22 @@ def test_a_result_group_gives_back_its_results_and_others_themselves() -> None:
         b'"body":{"usage":{"prompt_tokens":4,"completion_tokens":2}}}}',
     ],
 )
-def test_the_fast_read_gives_what_pydantic_gives(value: bytes) -> None:
-    assert ResultMessage.from_json(value) == ResultMessage._from_json_slowly(value)
-    assert ResultMessage.from_json(value).to_json() == ResultMessage._from_json_slowly(value).to_json()
+def test_the_aggregator_s_read_gives_what_the_model_gives(value: bytes) -> None:
+    fast, model = read_result(value), ResultMessage.from_json(value)
+    assert fast.output_line_json() == model.output_line_json()
+    assert (fast.batch_id, fast.line, fast.succeeded) == (model.batch_id, model.line, model.succeeded)
+    assert token_sums(fast.usage) == token_sums(model.usage)
+
+
+def test_the_aggregator_s_read_takes_a_worker_s_result_without_the_model() -> None:
+    message = ResultMessage(
+        request_id="r",
+        custom_id="c",
+        batch_id="b",
+        line=1,
+        usage=TokenUsage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
+        response=ResponsePayload(status_code=200, request_id="q", body=b'{"x": "\\u00e9"}'),
+    )
+    assert isinstance(read_result(message.to_json()), WireResult)
+    with pytest.raises(ValidationError):
+        read_result(b'{"custom_id": "c"}')
