@@ -34,7 +34,13 @@ from services.inference.offsets import OffsetTracker
 from services.inference.publisher import ResultPublisher
 from services.inference.settings import InferenceSettings, default
 from shared.kafka import decode
-from shared.protocol.messages import LineError, RequestMessage, ResultMessage, read_plain_request
+from shared.protocol.messages import (
+    LineError,
+    RequestLike,
+    RequestMessage,
+    ResultMessage,
+    read_plain_request,
+)
 from shared.settings import KafkaSettings
 from shared.topics import inference_group, requests_topic, results_topic
 
@@ -265,23 +271,21 @@ class RequestConsumer:
     async def _result_for(
         self, record: ConsumerRecord[Any, Any], where: str
     ) -> tuple[ResultMessage | None, str | None]:
-        message = read_plain_request(record.value or b"")
-        if message is not None:
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("running request", extra={"batch_id": message.batch_id, "at": where})
-            return await self.handler.handle(message), message.reply_topic
-        try:
-            raw = decode(record.value)
-        except ValueError as exc:
-            metrics.SKIPPED.inc()
-            log.warning("skipping a message that is not a JSON object: %s", exc, extra={"at": where})
-            return None, None
-        try:
-            message = RequestMessage.model_validate(raw)
-        except pydantic.ValidationError as exc:
-            return self._invalid(raw, exc, where), _str_or_none(raw.get("reply_topic"))
-        context = {"batch_id": message.batch_id, "custom_id": message.custom_id, "at": where}
-        log.debug("running request", extra=context)
+        message: RequestLike | None = read_plain_request(record.value or b"")
+        if message is None:  # not as the api writes it: pydantic coerces, or words the error
+            try:
+                raw = decode(record.value)
+            except ValueError as exc:
+                metrics.SKIPPED.inc()
+                log.warning("skipping a message that is not a JSON object: %s", exc, extra={"at": where})
+                return None, None
+            try:
+                message = RequestMessage.model_validate(raw)
+            except pydantic.ValidationError as exc:
+                return self._invalid(raw, exc, where), _str_or_none(raw.get("reply_topic"))
+        if log.isEnabledFor(logging.DEBUG):
+            context = {"batch_id": message.batch_id, "custom_id": message.custom_id, "at": where}
+            log.debug("running request", extra=context)
         return await self.handler.handle(message), message.reply_topic
 
     def _invalid(

@@ -27,24 +27,24 @@ from services.inference.engine import (
 from services.inference.scheduler import EngineScheduler
 from services.inference.settings import InferenceSettings, default
 from shared.protocol.messages import (
+    DefaultsLike,
     LineError,
     NotRunCode,
-    RequestMessage,
+    RequestLike,
     ResponsePayload,
     ResultMessage,
-    SamplingDefaults,
 )
 from shared.retries import RetryRule, first_then_retrying
 
 log = logging.getLogger(__name__)
 
-# SamplingDefaults field -> the body field it fills when the body leaves it unset.
+# A default's field -> the body field it fills when the body leaves it unset.
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 _MAX_OUTPUT_FIELD = "max_output_tokens"  # a Responses body's name for it
 
 
-def apply_defaults(url: str, body: dict[str, Any], defaults: SamplingDefaults | None) -> None:
+def apply_defaults(url: str, body: dict[str, Any], defaults: DefaultsLike | None) -> None:
     """Fill sampling fields the body does not set (in place). Embeddings, score and rerank take
     none of them."""
     if defaults is None or url not in GENERATE_ENDPOINTS:
@@ -62,7 +62,7 @@ def apply_defaults(url: str, body: dict[str, Any], defaults: SamplingDefaults | 
         body["max_tokens"] = defaults.max_decoding_length
 
 
-def context_limit(body: dict[str, Any], defaults: SamplingDefaults | None) -> int | None:
+def context_limit(body: dict[str, Any], defaults: DefaultsLike | None) -> int | None:
     """The prompt + output cap: the body's ``max_context_length`` (removed) or the batch's."""
     own = body.pop("max_context_length", None)
     if isinstance(own, int) and not isinstance(own, bool) and own > 0:
@@ -70,7 +70,7 @@ def context_limit(body: dict[str, Any], defaults: SamplingDefaults | None) -> in
     return defaults.max_context_length if defaults else None
 
 
-def never_ran(message: RequestMessage, error: LineError) -> ResultMessage:
+def never_ran(message: RequestLike, error: LineError) -> ResultMessage:
     """A result for a line that was not run (expired, cancelled, or not a valid request)."""
     return ResultMessage(
         request_id=message.request_id,
@@ -169,7 +169,7 @@ class RequestHandler:
         are its lines waiting for a place."""
         await self.scheduler.cancel(batch_id)
 
-    def _never_run_reason(self, message: RequestMessage) -> NotRunCode | None:
+    def _never_run_reason(self, message: RequestLike) -> NotRunCode | None:
         if self.control.cancelled(message.batch_id):
             return "batch_cancelled"
         deadline = message.expires_at or self.control.expires_at(message.batch_id)
@@ -177,7 +177,7 @@ class RequestHandler:
             return "batch_expired"
         return None
 
-    async def handle(self, message: RequestMessage) -> ResultMessage:
+    async def handle(self, message: RequestLike) -> ResultMessage:
         """Never raises for a bad request.
 
         Raises ``CancelledError`` when the awaiting task is cancelled (a shutdown): such a
@@ -207,7 +207,7 @@ class RequestHandler:
             error=None,
         )
 
-    async def _answer(self, message: RequestMessage, run_id: str, priority: int) -> Answer:
+    async def _answer(self, message: RequestLike, run_id: str, priority: int) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
         may pass; after the last try, its last 5xx answer (or a 500 for an exception). Raises
         ``RequestAborted`` when the line's batch is cancelled, or the scheduler preempts the run,

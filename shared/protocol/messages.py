@@ -86,7 +86,9 @@ class RequestMessage(BaseModel):
     expires_at: float | None = Field(default=None, description="Unix seconds; not run after.")
 
 
-class _WireDefaults(msgspec.Struct):
+class WireDefaults(msgspec.Struct):
+    """``SamplingDefaults`` as ``read_plain_request`` gives them (their ranges checked by it)."""
+
     max_decoding_length: int | None = None
     max_context_length: int | None = None
     temperature: float | None = None
@@ -100,12 +102,13 @@ def _checked_defaults(values: tuple[Any, ...]) -> SamplingDefaults:
     return SamplingDefaults.model_validate(dict(zip(_DEFAULT_FIELDS, values, strict=True)))
 
 
-_DEFAULT_FIELDS = tuple(_WireDefaults.__struct_fields__)
+_DEFAULT_FIELDS = tuple(WireDefaults.__struct_fields__)
 
 
-class _WireRequest(msgspec.Struct):
-    """A ``RequestMessage`` whose every field is already of its type: ``read_plain_request``'s
-    hot path (its defaults' ranges are checked by ``SamplingDefaults``, once per batch)."""
+class WireRequest(msgspec.Struct):
+    """A ``RequestMessage`` whose every field is already of its type, read by msgspec: the
+    worker's hot path (``read_plain_request``), built without pydantic, whose
+    ``model_construct`` alone cost more than the read."""
 
     request_id: str
     custom_id: str
@@ -116,40 +119,67 @@ class _WireRequest(msgspec.Struct):
     batch_id: str | None = None
     line: int | None = None
     reply_topic: str | None = None
-    defaults: _WireDefaults | None = None
+    defaults: WireDefaults | None = None
     expires_at: float | None = None
 
 
-_WIRE_REQUEST = msgspec.json.Decoder(_WireRequest)
+_WIRE_REQUEST = msgspec.json.Decoder(WireRequest)
 
 
-def read_plain_request(value: bytes) -> RequestMessage | None:
-    """The request message ``value`` holds when msgspec takes it as it is (the worker's hot
-    path: every line the api sends); None for anything else, which the caller reads and judges
-    with pydantic (defaults to check, a type to coerce, an invalid message to word)."""
+class DefaultsLike(Protocol):
+    """A batch's sampling defaults as the worker reads them: ``SamplingDefaults`` or
+    ``WireDefaults``."""
+
+    @property
+    def max_decoding_length(self) -> int | None: ...
+    @property
+    def max_context_length(self) -> int | None: ...
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def top_k(self) -> int | None: ...
+
+
+class RequestLike(Protocol):
+    """A request message as the worker reads it: ``RequestMessage`` or ``WireRequest``."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def custom_id(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def body(self) -> dict[str, Any]: ...
+    @property
+    def batch_id(self) -> str | None: ...
+    @property
+    def line(self) -> int | None: ...
+    @property
+    def reply_topic(self) -> str | None: ...
+    @property
+    def defaults(self) -> DefaultsLike | None: ...
+    @property
+    def expires_at(self) -> float | None: ...
+
+
+def read_plain_request(value: bytes) -> WireRequest | None:
+    """The request message ``value`` holds when msgspec takes it as it is (every line the api
+    sends), its defaults' ranges checked by ``SamplingDefaults`` (once per batch); None for
+    anything else, which the caller reads and judges with pydantic (a type to coerce, a default
+    out of range, an invalid message to word)."""
     try:
         wire = _WIRE_REQUEST.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    defaults = None
     if wire.defaults is not None:
         try:
-            defaults = _checked_defaults(msgspec.structs.astuple(wire.defaults))
+            _checked_defaults(msgspec.structs.astuple(wire.defaults))
         except ValidationError:
             return None
-    return RequestMessage.model_construct(
-        schema_version=SCHEMA_VERSION,
-        request_id=wire.request_id,
-        custom_id=wire.custom_id,
-        method="POST",
-        url=wire.url,
-        body=wire.body,
-        batch_id=wire.batch_id,
-        line=wire.line,
-        reply_topic=wire.reply_topic,
-        defaults=defaults,
-        expires_at=wire.expires_at,
-    )
+    return wire
 
 
 def request_message_json(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import orjson
 import pytest
 
@@ -46,7 +47,12 @@ def test_a_spliced_request_message_equals_the_models(
     )
 
     assert RequestMessage.model_validate_json(spliced) == model
-    assert read_plain_request(spliced) == model  # the worker's hot path reads the same
+    plain = read_plain_request(spliced)  # the worker's hot path reads the same
+    assert plain is not None
+    for name in ("request_id", "custom_id", "url", "body", "batch_id", "line", "reply_topic", "expires_at"):
+        assert getattr(plain, name) == getattr(model, name), name
+    assert plain.defaults is not None
+    assert msgspec.structs.asdict(plain.defaults) == model.defaults.model_dump()  # type: ignore[union-attr]
     assert orjson.loads(model.model_dump_json()) == orjson.loads(spliced)
 
 
