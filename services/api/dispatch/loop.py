@@ -325,6 +325,7 @@ class Dispatcher:
         pending: list[Sending] = []
         read: list[QueuedState] = []
         load = state.book.in_topic_by_partition() if self.settings.affinity else {}
+        outgoing = await self.sender.round(state.topic)
         try:
             for grant in state.policy.plan(queue, budget, now):
                 batch = self.batches[grant.batch_id]  # the policy's batch is a dispatch unit
@@ -337,16 +338,16 @@ class Dispatcher:
                         partition = state.affinity.partition(entry, state.partitions, load)
                         if partition is not None:
                             load[partition] = load.get(partition, 0) + 1
-                    future = await self.sender.request(state.topic, batch, line, partition)
-                    pending.append(Sending(batch, line, future))
-            metas = await asyncio.gather(*(p.future for p in pending))
+                    outgoing.add(self.sender.request(batch, line), partition)
+                    pending.append(Sending(batch, line))
+            placed = await outgoing.send()
         except Exception:
             for batch in read:  # read again from the last acknowledged position
                 batch.skipped = 0
                 await batch.close_cursor()
             raise
-        for item, meta in zip(pending, metas, strict=True):
-            state.record(item, meta.partition, meta.offset)
+        for item, (partition, offset) in zip(pending, placed, strict=True):
+            state.record(item, partition, offset)
             item.batch.position.sent += 1
         self._advance(read)
         metrics.DISPATCHED.labels(model).inc(len(pending))

@@ -9,7 +9,6 @@ are marked ``dispatch_settled`` so the aggregator ends them without waiting for 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from services.api.dispatch import metrics
@@ -61,11 +60,12 @@ class Recovery:
         again, lost = state.book.settle(batch.batch_id, seen, now)
         again = again[: self.settings.round_lines]  # bounded work per check; the rest stay due
         resend: list[Sending] = []
+        outgoing = await self.sender.round(state.topic)
         raws = await read_lines(self.store, batch.object_key, [(x.start, x.length) for x in again])
         for line, raw in zip(again, raws, strict=True):
             item = InputLine(line.line, line.start, raw)
-            future = await self.sender.request(state.topic, batch, item)
-            resend.append(Sending(batch, item, future, line.attempt + 1))
+            outgoing.add(self.sender.request(batch, item))
+            resend.append(Sending(batch, item, line.attempt + 1))
         doubt = state.book.due_doubt(batch.batch_id, now)
         # In file order the lines sent are those numbered below the position, so a count of the
         # results below it tells whether any is missing; in a dispatch order they are the
@@ -74,11 +74,11 @@ class Recovery:
             # Some line an earlier dispatcher sent has no result: find which (reads the file).
             async for item in batch.sent_before(self.store, doubt.upto_line, doubt.upto_byte):
                 if item.number not in seen and not state.book.tracked(batch.batch_id, item.number):
-                    future = await self.sender.request(state.topic, batch, item)
-                    resend.append(Sending(batch, item, future, 2))
-        metas = await asyncio.gather(*(s.future for s in resend))
-        for sending, meta in zip(resend, metas, strict=True):
-            state.record(sending, meta.partition, meta.offset)
+                    outgoing.add(self.sender.request(batch, item))
+                    resend.append(Sending(batch, item, 2))
+        placed = await outgoing.send()
+        for sending, (partition, offset) in zip(resend, placed, strict=True):
+            state.record(sending, partition, offset)
         if resend:
             metrics.RESENT.labels(model).inc(len(resend))
             log.warning(

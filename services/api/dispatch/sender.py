@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import orjson
@@ -23,18 +24,65 @@ LOST_MESSAGE = "This request was sent {n} times and no result ever reached the b
 NO_MODEL = "The model {model!r} does not exist (no worker serves it)."
 
 
+class RequestRound:
+    """Request messages for one topic, gathered per partition into aiokafka record batches and
+    sent with ``send_batch``. aiokafka's ``send`` costs, per message, a metadata wait, a
+    partitioner call, a future and its resolution: a fifth of the api's CPU while it dispatched
+    at full speed. A message with no partition goes to a random one, as aiokafka's default
+    partitioner puts a message without a key."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, partitions: list[int]) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._partitions = partitions
+        self._builders: dict[int, list[Any]] = {}
+        self._placed: list[tuple[int, int, int]] = []  # (partition, its builder, offset in it)
+
+    def __len__(self) -> int:
+        return len(self._placed)
+
+    def add(self, message: bytes, partition: int | None = None) -> None:
+        if partition is None:
+            partition = random.choice(self._partitions)
+        builders = self._builders.setdefault(partition, [])
+        placed = builders[-1].append(timestamp=None, key=None, value=message) if builders else None
+        if placed is None:  # the first, or the last is full (a new batch takes any one message)
+            builders.append(self._producer.create_batch())
+            placed = builders[-1].append(timestamp=None, key=None, value=message)
+        self._placed.append((partition, len(builders) - 1, placed.offset))
+
+    async def send(self) -> list[tuple[int, int]]:
+        """Send every batch; once the broker has them all, each message's (partition, offset),
+        in the order they were added."""
+        pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
+        for partition, builders in self._builders.items():
+            for index, builder in enumerate(builders):
+                builder.close()
+                pending[partition, index] = await self._producer.send_batch(
+                    builder, self._topic, partition=partition
+                )
+        bases = dict(zip(pending, await asyncio.gather(*pending.values()), strict=True))
+        return [
+            (partition, bases[partition, index].offset + relative)
+            for partition, index, relative in self._placed
+        ]
+
+
 class LineSender:
     def __init__(self, producer: AIOKafkaProducer, kafka: KafkaSettings) -> None:
         self.producer = producer
         self.results_topic = results_topic(kafka)
 
-    async def request(
-        self, topic: str, batch: QueuedState, line: InputLine, partition: int | None = None
-    ) -> asyncio.Future[Any]:
-        """Hand the line's request to the producer (to ``partition``, or where the producer
-        puts it); await the future for its acknowledgement."""
+    async def round(self, topic: str) -> RequestRound:
+        """An empty round of request messages for ``topic``."""
+        partitions = sorted(await self.producer.partitions_for(topic))
+        return RequestRound(self.producer, topic, partitions)
+
+    @staticmethod
+    def request(batch: QueuedState, line: InputLine) -> bytes:
+        """The line's request message."""
         item = parse_raw_line(line.raw)
-        message = request_message_json(
+        return request_message_json(
             request_id=ids.batch_request_id(),
             custom_id=item.custom_id,
             url=item.url,
@@ -44,7 +92,6 @@ class LineSender:
             defaults=batch.defaults_json,
             expires_at=batch.expires_at,
         )
-        return await self.producer.send(topic, message, partition=partition)
 
     async def refuse(self, batch_id: str, lines: list[InputLine]) -> None:
         """Publish each line's ``model_not_found`` error result (a mixed batch's line naming a

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from functools import cached_property
@@ -191,5 +190,4 @@ class Sending:
 
     batch: QueuedState
     line: InputLine
-    future: asyncio.Future[Any]
     attempt: int = 1
