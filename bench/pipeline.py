@@ -503,6 +503,17 @@ def _print(r: dict[str, Any]) -> None:
 
 YARDSTICK_LINES = 50_000
 RSS_GROWTH_TARGET = 1.3  # each service's peak RSS at the big batch, against the yardstick's
+# The million-line targets: our services' CPU per 1,000 lines (upload to completed); the
+# 50,000-line batch at twice the 3,597 lines/s measured on 2026-12-03 (the 200 MB batch of
+# ``make bench``); the live count behind the results; last result to completed per size.
+OUR_CPU_TARGET = 0.15
+SMALL_RATE_TARGET = 2 * 3_597
+LAG_TARGETS = {"p50": 0.5, "max": 1.0}
+TAIL_TARGETS = {YARDSTICK_LINES: 1.0, 1_000_000: 10.0}
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def compare(small: dict[str, Any], big: dict[str, Any]) -> dict[str, Any]:
@@ -537,6 +548,41 @@ def compare(small: dict[str, Any], big: dict[str, Any]) -> dict[str, Any]:
                 "",
             ]
         )
+    ours = [sum(r["cpu_s_per_1000_lines"][n] for n in services) for r in (small, big)]
+    met = [x <= OUR_CPU_TARGET for x in ours]
+    rows.append(
+        [
+            "our services: CPU s / 1,000 lines",
+            f"{ours[0]:.3f}",
+            f"{ours[1]:.3f}",
+            "",
+            f"<= {OUR_CPU_TARGET}: {_met(met[0])} / {_met(met[1])}",
+        ]
+    )
+    rows[0][4] = f"50,000 >= {SMALL_RATE_TARGET:,}: {_met(small['batch_lines_per_s'] >= SMALL_RATE_TARGET)}"
+    for stat, target in LAG_TARGETS.items():
+        lag = [r["live_count_lag_s"].get(stat, float("nan")) for r in (small, big)]
+        rows.append(
+            [
+                f"live-count lag {stat} (s)",
+                f"{lag[0]:.2f}",
+                f"{lag[1]:.2f}",
+                "",
+                f"<= {target}: {_met(lag[0] <= target)} / {_met(lag[1] <= target)}",
+            ]
+        )
+    tails = [r["last_result_to_finalizing_s"] + r["finalize_s"] for r in (small, big)]
+    limits = [TAIL_TARGETS.get(n, float("nan")) for n in lines]
+    rows.append(
+        [
+            "last result to completed (s)",
+            f"{tails[0]:.2f}",
+            f"{tails[1]:.2f}",
+            "",
+            f"<= {limits[0]:g} / {limits[1]:g}: "
+            f"{_met(tails[0] <= limits[0])} / {_met(tails[1] <= limits[1])}",
+        ]
+    )
     for name in services:
         rows.append(
             [
@@ -557,6 +603,7 @@ def compare(small: dict[str, Any], big: dict[str, Any]) -> dict[str, Any]:
     )
     return {
         "lines": lines,
+        "our_cpu_s_per_1000_lines": ours,
         "rss_growth": growth,
         "rss_growth_met": all(g <= RSS_GROWTH_TARGET for g in growth.values()),
     }
