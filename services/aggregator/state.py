@@ -27,7 +27,7 @@ USAGE_FIELDS = USAGE_KEYS
 def usage_of(result: CountedResult) -> dict[str, int]:
     """Token usage of a successful result, in the Batch object's ``usage`` terms.
 
-    The result message carries the body's usage beside the raw body (````usage````,
+    The result message carries the body's usage beside the raw body (``usage``,
     read from the body for an older message), so the body itself is never parsed here.
     """
     return token_sums(result.usage) if result.succeeded else {}

@@ -38,9 +38,6 @@ class RequestRound:
         self._builders: dict[int, list[Any]] = {}
         self._placed: list[tuple[int, int, int]] = []  # (partition, its builder, offset in it)
 
-    def __len__(self) -> int:
-        return len(self._placed)
-
     def add(self, message: bytes, partition: int | None = None) -> None:
         if partition is None:
             partition = random.choice(self._partitions)
