@@ -52,6 +52,7 @@ class Backlog:
     rate: float = 0.0  # lines the group commits per second, over the last RATE_WINDOW_S
     _history: deque[tuple[float, int]] = field(default_factory=deque)
     _target: float = 0.0
+    _ran_dry: bool = True  # the last reading found every line sent committed (or none was taken)
 
     def produced(self, partition: int, offset: int) -> None:
         """A send acknowledged at ``offset`` (acks come in offset order per partition; taking the
@@ -74,6 +75,7 @@ class Backlog:
         (first_at, first), (last_at, last) = self._history[0], self._history[-1]
         self.rate = max(0, last - first) / (last_at - first_at) if last_at > first_at else 0.0
         needed = self._needed
+        self._ran_dry = self.lag == 0
         if waiting and self.lag == 0:  # at most 4x what the rate asks: a ramp, not a flood
             grown = min(max(2 * self._target, self.min_backlog), 4 * needed)
             self._target = min(self.max_backlog, max(needed, grown))
@@ -100,8 +102,11 @@ class Backlog:
         the workers busy), between ``fastest`` and ``slowest``. So a slow engine's group is read
         rarely (each reading is a request the broker answers, CPU the engine may share); a fast
         one, an empty topic or an unknown rate, every ``fastest`` seconds. Lines beyond what the
-        rate needs (a slow start's ramp) do not stretch it: a warming engine may speed up."""
-        if self.rate <= 0 or self.lag == 0:
+        rate needs (a slow start's ramp) do not stretch it: a warming engine may speed up.
+        Nor does a rate the last reading found the topic empty at: that rate was what the group
+        was given (a few small batches), not what it can do, and a big batch sent after them
+        would otherwise wait up to ``slowest`` for its second round."""
+        if self.rate <= 0 or self.lag == 0 or self._ran_dry:
             return fastest
         return min(slowest, max(fastest, DRAIN_FRACTION * min(self.lag, self._needed) / self.rate))
 

@@ -76,13 +76,13 @@ def test_the_target_does_not_grow_while_older_lines_still_wait() -> None:
 def test_the_offsets_are_read_as_an_eighth_of_the_backlog_drains() -> None:
     meter = backlog()  # needs one window (100) plus 1 s of the rate
     assert meter.reading_interval(0.1, 1.0) == 0.1  # no rate known yet: read often
+    meter.produced(0, 16 + 115)  # 116 lines in the topic: an eighth of them drain in ~0.9 s
     meter.observe({0: 0}, members=1, now=0.0, waiting=True)
     meter.observe({0: 16}, members=1, now=1.0, waiting=True)  # a slow engine: 16 lines/s
-    meter.produced(0, 16 + 115)  # 116 lines in the topic: an eighth of them drain in ~0.9 s
     assert meter.rate == 16 and abs(meter.reading_interval(0.1, 1.0) - 0.906) < 0.01
     assert meter.reading_interval(0.1, 0.5) == 0.5  # at most the slowest
-    meter.observe({0: 2016}, members=1, now=2.0, waiting=True)  # a fast one: 2,000 lines/s
     meter.produced(0, 2016 + 599)  # 600 lines in the topic: an eighth drains in 0.0375 s
+    meter.observe({0: 2016}, members=1, now=2.0, waiting=True)  # a fast one: 2,000 lines/s
     assert meter.reading_interval(0.1, 1.0) == 0.1  # at least the fastest
     meter.produced(0, 2016 + 2099)  # 2,100 lines, what the rate needs: an eighth in 0.13 s
     assert abs(meter.reading_interval(0.1, 1.0) - 0.131) < 0.01
@@ -90,3 +90,15 @@ def test_the_offsets_are_read_as_an_eighth_of_the_backlog_drains() -> None:
     assert abs(meter.reading_interval(0.1, 1.0) - 0.131) < 0.01
     meter.observe({0: 2016 + 10000}, members=1, now=3.0, waiting=True)  # all drained: read often
     assert meter.lag == 0 and meter.reading_interval(0.1, 1.0) == 0.1
+
+
+def test_a_rate_measured_while_the_topic_ran_dry_does_not_delay_the_next_reading() -> None:
+    meter = backlog()
+    meter.produced(0, 9)  # a small batch: 10 lines, all committed within the second
+    meter.observe({0: 0}, members=1, now=0.0, waiting=True)
+    meter.observe({0: 10}, members=1, now=1.0, waiting=True)
+    meter.produced(0, 10 + 511)  # then a big batch's first round
+    # 10 lines/s is what the group was given, not what it can do: read again at once, not in 1 s.
+    assert meter.rate == 10 and meter.reading_interval(0.1, 1.0) == 0.1
+    meter.observe({0: 10 + 16}, members=1, now=2.0, waiting=True)  # lines wait now: the rate counts
+    assert meter.lag == 496 and meter.reading_interval(0.1, 1.0) > 0.5  # 16 lines/s
