@@ -160,30 +160,41 @@ class OrderBuilder:
     """Collects each request line's prefix key during validation (small records: not the lines);
     ``plan`` finds the order, ``write`` writes the order object with the lines it reads.
 
-    ``add`` takes the lines in file order. ``plan`` walks the sorted keys twice: once to find
-    each run's first line and shared prefix (16 bytes per run, a lone line being a run of one),
-    once to place the lines; the placed entries go to a temporary file in dispatch order.
+    ``add`` takes the lines in file order. ``plan`` walks the sorted keys to find each run's
+    first line and shared prefix (16 bytes per run, a lone line being a run of one); a second
+    walk places the lines, the placed entries going to a temporary file in dispatch order. When
+    the lines carry one tag and the first walk finds no group, or one group of every line with
+    one key, the order is the file's own and nothing is placed until ``write`` asks for it (a
+    mixed batch's parts are always written).
     """
 
     def __init__(self, min_shared_chars: int, run_bytes: int = RUN_BYTES) -> None:
         self.min_blocks = max(1, -(-min_shared_chars // BLOCK_BYTES))
         self._run_bytes = run_bytes
         self._keys = SortedRuns(run_bytes)
+        self._runs: IO[bytes] | None = None
         self._plan: IO[bytes] | None = None
+        self._tags: set[int] = set()
         self.stats = OrderStats()
 
     def add(self, line: InputLine, text: str | None, tag: int = 0) -> None:
         key = prefix_key(text) if text else b"\0" * KEY_BYTES
         self._keys.add(_KEYED.pack(tag, key, line.number, line.start, len(line.raw)))
+        self._tags.add(tag)
         self.stats.lines += 1
 
     def _walk(self) -> Iterator[tuple[bool, int, bytes, int, int, int]]:
         """The sorted lines as ``(starts a run, tag, key, number, start, length)``."""
-        previous: bytes | None = None
+        previous: bytes = b""
         last_tag = -1
+        head = self.min_blocks * DIGEST  # keys that differ here share too little (most lines)
         for record in self._keys.sorted():
             tag, key, number, start, length = _KEYED.unpack(record)
-            fresh = tag != last_tag or previous is None or shared_blocks(previous, key) < self.min_blocks
+            fresh = (
+                tag != last_tag
+                or previous[:head] != key[:head]
+                or shared_blocks(previous, key) < self.min_blocks
+            )
             previous, last_tag = key, tag
             yield fresh, tag, key, number, start, length
 
@@ -205,11 +216,26 @@ class OrderBuilder:
         """Find the order (kept in a temporary file for ``write``); returns what it found."""
         # The run table: (first line, group id) per run, written by the first walk, read back in
         # the same order by the second.
-        runs = tempfile.TemporaryFile(buffering=RUN_TABLE_BUFFER)
+        self._runs = tempfile.TemporaryFile(buffering=RUN_TABLE_BUFFER)
+        try:
+            uniform = self._find_runs(self._runs)
+            if len(self._tags) <= 1 and (
+                self.stats.groups == 0 or (uniform and self.stats.grouped == self.stats.lines)
+            ):
+                return self.stats  # every line alone, or one group of equal keys: the file's order
+            self._place()
+        except BaseException:
+            self.close()
+            raise
+        return self.stats
+
+    def _place(self) -> None:
+        """The second walk: each line's place, then the placed entries sorted into ``_plan``."""
+        assert self._runs is not None, "plan() first"
+        runs, self._runs = self._runs, None
         places = SortedRuns(self._run_bytes)
         self._plan = tempfile.TemporaryFile()
         try:
-            self._find_runs(runs)
             runs.seek(0)
             first = group_id = 0
             for fresh, tag, key, depth, number, start, length in self._depths():
@@ -231,15 +257,18 @@ class OrderBuilder:
             runs.close()
             places.close()
             self._keys.close()
-        return self.stats
 
-    def _find_runs(self, table: IO[bytes]) -> None:
+    def _find_runs(self, table: IO[bytes]) -> bool:
         """The first walk: each run's first line and group id, to ``table`` in walk order (16
-        bytes per run on disk, none in memory); the group counts to ``stats``."""
+        bytes per run on disk, none in memory); the group counts to ``stats``. True when every
+        line of a run has its run's key (lines sharing their first 4 KiB): such a run's lines
+        are placed in file order."""
         head, common, first, size = b"", 0, 0, 0
+        uniform = True
 
         def end_run() -> None:
-            table.write(_RUN.pack(first, _group_id(head, common, size)))
+            shared = min(common, shared_blocks(head, head)) if size > 1 else 0  # equal keys: all of it
+            table.write(_RUN.pack(first, _group_id(head, shared, size)))
             if size > 1:
                 self.stats.groups += 1
                 self.stats.grouped += size
@@ -252,14 +281,19 @@ class OrderBuilder:
             else:
                 size += 1
                 first = min(first, number)
-                common = min(common, shared_blocks(head, key))
+                if key != head:
+                    uniform = False
+                    common = min(common, shared_blocks(head, key))
         if size:
             end_run()
+        return uniform
 
     def write(self, out: IO[bytes], source: IO[bytes]) -> None:
         """Write the order object to ``out``: each line (read from ``source``, a seekable copy of
         the input) behind its header, in dispatch order."""
-        assert self._plan is not None, "plan() first"
+        if self._plan is None:
+            self._place()
+        assert self._plan is not None
         plan, self._plan = self._plan, None
         try:
             plan.seek(0)
@@ -274,9 +308,10 @@ class OrderBuilder:
 
     def close(self) -> None:
         self._keys.close()
-        if self._plan is not None:
-            self._plan.close()
-            self._plan = None
+        for made in (self._runs, self._plan):
+            if made is not None:
+                made.close()
+        self._runs = self._plan = None
 
 
 NO_GROUPS = 1 << 30

@@ -8,7 +8,6 @@ custom_ids are checked for repeats by an external sort (``CustomIdCheck``), not 
 from __future__ import annotations
 
 import collections
-import hashlib
 import heapq
 import struct
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -31,10 +30,9 @@ ID_RUN_BYTES = RUN_BYTES
 
 
 class CustomIdCheck:
-    """Finds repeated custom_ids in bounded memory: one record per line (a 16-byte BLAKE2b digest
-    of the id, the line number, the id) in ``SortedRuns``; one merge pass at the end walks each
-    id's lines together, the first in the file before its repeats. Ids are compared in full, so
-    a digest collision costs nothing but order."""
+    """Finds repeated custom_ids in bounded memory: one record per line (the id behind its length,
+    then the line number) in ``SortedRuns``; one merge pass at the end walks each id's lines
+    together, the first in the file before its repeats."""
 
     def __init__(self, run_bytes: int = ID_RUN_BYTES) -> None:
         self._runs = SortedRuns(run_bytes)
@@ -42,28 +40,26 @@ class CustomIdCheck:
 
     def add(self, custom_id: str, line: int) -> None:
         raw = custom_id.encode("utf-8", "surrogatepass")
-        self._runs.add(hashlib.blake2b(raw, digest_size=16).digest() + _LINE.pack(line) + raw)
+        self._runs.add(_LENGTH.pack(len(raw)) + raw + _LINE.pack(line))
 
     def repeats(self) -> Iterator[tuple[int, str]]:
         """(line, custom_id) of each line whose id an earlier line has, grouped by id."""
-        seen: set[bytes] = set()  # the ids of one digest (one, but for a collision)
-        digest = b""
+        previous = b""
         for record in self._runs.sorted():
-            if record[:16] != digest:
-                digest, seen = record[:16], set()
-            raw = record[16 + _LINE.size :]
-            if raw in seen:
+            size = _LENGTH.size + _LENGTH.unpack_from(record)[0]
+            if record[:size] == previous:
                 self.repeat_count += 1
-                (line,) = _LINE.unpack_from(record, 16)
-                yield line, raw.decode("utf-8", "surrogatepass")
+                (line,) = _LINE.unpack_from(record, size)
+                yield line, record[_LENGTH.size : size].decode("utf-8", "surrogatepass")
             else:
-                seen.add(raw)
+                previous = record[:size]
 
     def close(self) -> None:
         self._runs.close()
 
 
-_LINE = struct.Struct(">Q")  # big-endian: one id's records sort by line
+# Big-endian: the records of one id sort by line.
+_LENGTH, _LINE = struct.Struct(">I"), struct.Struct(">Q")
 
 
 @dataclass
@@ -168,11 +164,16 @@ class InputValidator:
         if not isinstance(item, dict):
             self._error(number, "invalid_json_line", "Each line must be a JSON object.")
             return None
-        try:  # what parses must also serialise: the request message carries the body on
-            orjson.dumps(item)
-        except orjson.JSONEncodeError:
-            self._error(number, "invalid_request", "This line is nested too deeply to be sent on.", "body")
-            return None
+        # What parses must also serialise: the request message carries the body on, and orjson
+        # writes at most MAX_DEPTH levels (it reads more). A line holds no deeper nesting than it
+        # has brackets, so only a line with that many is written to find out.
+        if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+            try:
+                orjson.dumps(item)
+            except orjson.JSONEncodeError:
+                message = "This line is nested too deeply to be sent on."
+                self._error(number, "invalid_request", message, "body")
+                return None
         if not self._check_envelope(number, item):
             return None
         self._check_body(number, item["body"])
@@ -274,6 +275,10 @@ class InputValidator:
                 f"body.{name}",
             )
 
+
+MAX_DEPTH = 254
+"""The deepest nesting orjson writes (orjson 3.13: 255 levels raise "Recursion limit
+reached"; it reads up to 1,024)."""
 
 # A body's output cap, by the names the endpoints give it (Responses: max_output_tokens).
 _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")

@@ -179,3 +179,19 @@ async def test_repeats_are_counted_even_when_no_error_is_reported() -> None:
     validator = InputValidator(ENDPOINT, served(m=1024), 100, max_reported_errors=0)
     report = await validator.run(file_request_lines([line("x"), line("x")]))
     assert not report.ok and report.error_count == 1 and report.errors == []
+
+
+def nested(depth: int) -> Any:
+    value: Any = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_a_line_nested_deeper_than_a_request_message_can_carry_fails() -> None:
+    deep = {"model": "m", "messages": MESSAGES, "metadata": nested(300)}  # orjson reads it, cannot write it
+    shallow = {"model": "m", "messages": MESSAGES, "metadata": nested(200)}
+    many_brackets = {"model": "m", "messages": [{"role": "user", "content": "[{" * 400}]}  # in a string
+    report = await validate([line("a", body=deep), line("b", body=shallow), line("c", body=many_brackets)])
+    assert codes(report) == [(1, "invalid_request", "body")]
+    assert report.errors[0].message == "This line is nested too deeply to be sent on."
