@@ -8,7 +8,7 @@ the partial output all name a line the same way. ``start`` is the line's byte of
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 
@@ -24,7 +24,7 @@ def is_request(raw: bytes) -> bool:
     return bool(raw) and not raw.isspace()  # as ``raw.strip()``, without copying the line
 
 
-async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes]:
     """The lines of a stream of chunks (without the newline), holding one line at a time."""
     pending = b""
     async for chunk in chunks:

@@ -7,14 +7,17 @@ only those with some error codes (matched as the error-lines view matches them),
 order and byte for byte. The new batch takes the parent's endpoint, window, priority and
 batch-level defaults; its metadata is the parent's with ``retry_of`` set to the parent's id.
 
-Memory: the failed ``custom_id`` set (one entry per error line) and a spooled copy of the selected
-lines, which goes to disk past a few megabytes.
+Memory does not grow with the batch: finalize writes the error file in input order, so one walk
+reads the error lines and the input side by side, the next failed ``custom_id`` against each input
+line. The selected lines go to a spooled copy, which goes to disk past a few megabytes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import orjson
 
@@ -24,10 +27,12 @@ from services.api.service.error_lines import describe, matches
 from services.api.service.files import FileService
 from services.api.service.partial import PartialOutputService
 from shared.errors import Conflict, InvalidRequest
-from shared.input_lines import split_lines
+from shared.input_lines import is_request, split_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.openai import Batch
+
+log = logging.getLogger(__name__)
 
 RETRY_OF = "retry_of"
 """The metadata key that links a retry batch to the batch it retries."""
@@ -55,19 +60,29 @@ class RetryService:
         nothing = InvalidRequest(
             f"Batch {batch_id} has no error lines{which} to retry.", param="codes", code="no_error_lines"
         )
-        failed = await self._failed_custom_ids(project, batch_id, codes)
-        if not failed:
-            raise nothing
-        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as selected:
-            async for raw in split_lines(self.files.store.iter_chunks(source.object_key)):
-                raw = raw.removeprefix(UTF8_BOM)  # a file's BOM is not part of its first line
-                if raw.strip() and _custom_id(raw) in failed:
-                    selected.write(raw + b"\n")
-            size = selected.tell()
-            if size == 0:
+        async with contextlib.aclosing(self._failed_custom_ids(project, batch_id, codes)) as failed:
+            wanted = await anext(failed, None)
+            if wanted is None:
                 raise nothing
-            selected.seek(0)
-            uploaded = await self.files.upload(project, selected, size, f"{batch_id}_retry.jsonl", "batch")
+            with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as selected:
+                async with contextlib.aclosing(
+                    split_lines(self.files.store.iter_chunks(source.object_key))
+                ) as lines:
+                    async for raw in lines:
+                        raw = raw.removeprefix(UTF8_BOM)  # a file's BOM is not part of its first line
+                        if is_request(raw) and _custom_id(raw) == wanted:
+                            selected.write(raw + b"\n")
+                            wanted = await anext(failed, None)
+                            if wanted is None:
+                                break
+                if wanted is not None:  # an error line out of input order: finalize writes none
+                    log.warning("retry: error lines not found in the input", extra={"batch_id": batch_id})
+                size = selected.tell()
+                if size == 0:
+                    raise nothing
+                selected.seek(0)
+                name = f"{batch_id}_retry.jsonl"
+                uploaded = await self.files.upload(project, selected, size, name, "batch")
         parents = {k: v for k, v in (parent.metadata or {}).items() if k != RETRY_OF}
         kept = list(parents.items())[: MAX_METADATA_PAIRS - 1]
         params = BatchCreateParams(
@@ -81,18 +96,22 @@ class RetryService:
         )
         return await self.batches.create(project, params)
 
-    async def _failed_custom_ids(self, project: str, batch_id: str, codes: Sequence[str] | None) -> set[str]:
+    async def _failed_custom_ids(
+        self, project: str, batch_id: str, codes: Sequence[str] | None
+    ) -> AsyncGenerator[str]:
+        """The custom_ids of the error lines (with one of ``codes``), in the error file's order."""
         wanted = [c for c in codes or [] if c.strip()]
-        failed: set[str] = set()
         position = 0
-        async for raw in split_lines(await self.partial.open(project, batch_id, "error")):
-            if not raw.strip():
-                continue
-            position += 1
-            line = describe(position, raw)
-            if not wanted or any(matches(line, None, code) for code in wanted):
-                failed.add(line.custom_id)
-        return failed
+        async with contextlib.aclosing(
+            split_lines(await self.partial.open(project, batch_id, "error"))
+        ) as lines:
+            async for raw in lines:
+                if not is_request(raw):
+                    continue
+                position += 1
+                line = describe(position, raw)
+                if not wanted or any(matches(line, None, code) for code in wanted):
+                    yield line.custom_id
 
 
 def _custom_id(raw: bytes) -> str | None:
