@@ -220,7 +220,8 @@ class OrderBuilder:
         try:
             uniform = self._find_runs(self._runs)
             if len(self._tags) <= 1 and (
-                self.stats.groups == 0 or (uniform and self.stats.grouped == self.stats.lines)
+                self.stats.groups == 0
+                or (self.stats.groups == 1 and uniform and self.stats.grouped == self.stats.lines)
             ):
                 return self.stats  # every line alone, or one group of equal keys: the file's order
             self._place()

@@ -106,7 +106,7 @@ class LineSender:
         errors = []
         for line, raw in zip(lines, raws, strict=True):
             try:
-                custom_id = str(orjson.loads(raw).get("custom_id"))
+                custom_id = str(orjson.loads(raw.removeprefix(UTF8_BOM)).get("custom_id"))
             except (orjson.JSONDecodeError, AttributeError):
                 custom_id = ""
             error = LineError(code=LOST_CODE, message=LOST_MESSAGE.format(n=line.attempt))

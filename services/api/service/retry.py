@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 import orjson
 
@@ -60,21 +60,24 @@ class RetryService:
         nothing = InvalidRequest(
             f"Batch {batch_id} has no error lines{which} to retry.", param="codes", code="no_error_lines"
         )
-        async with contextlib.aclosing(self._failed_custom_ids(project, batch_id, codes)) as failed:
+        async with contextlib.AsyncExitStack() as streams:
+            errors = await self.partial.open(project, batch_id, "error")
+            streams.push_async_callback(_close, errors)
+            failed = _failed_custom_ids(errors, codes)
+            streams.push_async_callback(failed.aclose)
             wanted = await anext(failed, None)
             if wanted is None:
                 raise nothing
+            chunks = self.files.store.iter_chunks(source.object_key)
+            streams.push_async_callback(_close, chunks)
             with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as selected:
-                async with contextlib.aclosing(
-                    split_lines(self.files.store.iter_chunks(source.object_key))
-                ) as lines:
-                    async for raw in lines:
-                        raw = raw.removeprefix(UTF8_BOM)  # a file's BOM is not part of its first line
-                        if is_request(raw) and _custom_id(raw) == wanted:
-                            selected.write(raw + b"\n")
-                            wanted = await anext(failed, None)
-                            if wanted is None:
-                                break
+                async for raw in split_lines(chunks):
+                    raw = raw.removeprefix(UTF8_BOM)  # a file's BOM is not part of its first line
+                    if is_request(raw) and _custom_id(raw) == wanted:
+                        selected.write(raw + b"\n")
+                        wanted = await anext(failed, None)
+                        if wanted is None:
+                            break
                 if wanted is not None:  # an error line out of input order: finalize writes none
                     log.warning("retry: error lines not found in the input", extra={"batch_id": batch_id})
                 size = selected.tell()
@@ -96,22 +99,27 @@ class RetryService:
         )
         return await self.batches.create(project, params)
 
-    async def _failed_custom_ids(
-        self, project: str, batch_id: str, codes: Sequence[str] | None
-    ) -> AsyncGenerator[str]:
-        """The custom_ids of the error lines (with one of ``codes``), in the error file's order."""
-        wanted = [c for c in codes or [] if c.strip()]
-        position = 0
-        async with contextlib.aclosing(
-            split_lines(await self.partial.open(project, batch_id, "error"))
-        ) as lines:
-            async for raw in lines:
-                if not is_request(raw):
-                    continue
-                position += 1
-                line = describe(position, raw)
-                if not wanted or any(matches(line, None, code) for code in wanted):
-                    yield line.custom_id
+
+async def _failed_custom_ids(
+    errors: AsyncIterator[bytes], codes: Sequence[str] | None
+) -> AsyncGenerator[str]:
+    """The custom_ids of the error lines (with one of ``codes``), in the error file's order. A
+    line without one (unreadable) names no input line: it is skipped, or the walk would wait for
+    it to the end of the input."""
+    wanted = [c for c in codes or [] if c.strip()]
+    position = 0
+    async for raw in split_lines(errors):
+        if not is_request(raw):
+            continue
+        position += 1
+        line = describe(position, raw)
+        if line.custom_id and (not wanted or any(matches(line, None, code) for code in wanted)):
+            yield line.custom_id
+
+
+async def _close(stream: AsyncIterator[bytes]) -> None:
+    if hasattr(stream, "aclose"):
+        await stream.aclose()
 
 
 def _custom_id(raw: bytes) -> str | None:

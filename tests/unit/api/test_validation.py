@@ -189,8 +189,9 @@ def nested(depth: int) -> Any:
 
 
 async def test_a_line_nested_deeper_than_a_request_message_can_carry_fails() -> None:
-    deep = {"model": "m", "messages": MESSAGES, "metadata": nested(300)}  # orjson reads it, cannot write it
-    shallow = {"model": "m", "messages": MESSAGES, "metadata": nested(200)}
+    # The line's object and its body are two levels: 254 in all is the deepest orjson writes.
+    deep = {"model": "m", "messages": MESSAGES, "metadata": nested(253)}  # orjson reads it, cannot write it
+    shallow = {"model": "m", "messages": MESSAGES, "metadata": nested(252)}
     many_brackets = {"model": "m", "messages": [{"role": "user", "content": "[{" * 400}]}  # in a string
     report = await validate([line("a", body=deep), line("b", body=shallow), line("c", body=many_brackets)])
     assert codes(report) == [(1, "invalid_request", "body")]

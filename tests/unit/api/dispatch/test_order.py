@@ -7,6 +7,8 @@ import random
 from collections.abc import AsyncIterator
 from typing import cast
 
+import pytest
+
 from services.api.dispatch.order import (
     HEADER,
     Affinity,
@@ -153,16 +155,19 @@ def test_an_order_that_changes_nothing_is_not_worth_storing() -> None:
     assert found.in_file_order and found.worth_storing  # affinity still places the groups
 
 
-def test_lines_sharing_their_whole_key_keep_file_order_with_the_group_of_their_prefix() -> None:
-    long = " ".join(DOCS)  # past the 4 KiB a key covers: every line has the same key
-    same = [f"{long}\nQuestion {n}" for n in range(40)]
+@pytest.mark.parametrize("prompt", [" ".join(DOCS), "a prompt of 600 bytes " * 27], ids=["4 KiB+", "600 B"])
+def test_lines_sharing_their_whole_key_keep_file_order_with_the_group_of_their_prefix(prompt: str) -> None:
+    same = [prompt] * 40  # every line has the same key (past the 4 KiB a key covers, or equal)
     found = stats(same)
     assert found.groups == 1 and found.grouped == 40 and not found.worth_storing
     entries = build(same)  # written all the same (a mixed batch's part)
     assert [e.number for e in entries] == list(range(1, 41)) and [e.rank for e in entries] == list(range(40))
     with_lone = build([*same[:5], "a line of its own", *same[5:]])  # placed the long way
     assert with_lone[5].number == 7 and with_lone[-1].number == 6
-    assert {e.group for e in entries} == {e.group for e in with_lone} - {0} and entries[0].group
+    key = prefix_key(prompt)
+    last = -(-len(key.rstrip(b"\0")) // 4) - 1  # the digest of the whole prefix the lines share
+    expected = int.from_bytes(key[last * 4 : last * 4 + 4], "big")
+    assert {e.group for e in entries} == {e.group for e in with_lone} - {0} == {expected}
 
 
 class FakeObjectStore:
