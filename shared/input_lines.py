@@ -38,7 +38,7 @@ async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes]:
 
 async def numbered_lines(
     chunks: AsyncIterator[bytes], number: int = 1, start: int = 0
-) -> AsyncIterator[InputLine]:
+) -> AsyncGenerator[InputLine]:
     """Every line of a file read from line ``number`` at byte ``start`` (blank lines included)."""
     async for raw in split_lines(chunks):
         yield InputLine(number, start, raw)

@@ -9,7 +9,7 @@ import asyncio
 import hashlib
 import io
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
 
@@ -141,7 +141,7 @@ class ObjectStore:
 
     async def iter_chunks(
         self, key: str, chunk_size: int = READ_CHUNK, offset: int = 0, length: int = 0
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes]:
         """Yield the object's bytes in chunks, holding one chunk at a time.
 
         ``offset``/``length`` read a range (``length`` 0: to the end).
@@ -160,7 +160,7 @@ class ObjectStore:
             response.close()
             response.release_conn()
 
-    async def iter_lines(self, key: str) -> AsyncIterator[bytes]:
+    async def iter_lines(self, key: str) -> AsyncGenerator[bytes]:
         """Yield the object's lines (without the newline), one at a time."""
         async for line in split_lines(self.iter_chunks(key)):
             yield line

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import IO
 
@@ -158,7 +158,7 @@ class LocalFirstStore(ObjectStore):
 
     async def iter_chunks(
         self, key: str, chunk_size: int = READ_CHUNK, offset: int = 0, length: int = 0
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes]:
         path = self.copies.path(key)
         handle = None
         if path is not None:

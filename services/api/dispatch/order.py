@@ -41,7 +41,7 @@ import struct
 import tempfile
 import zlib
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -388,7 +388,7 @@ class OrderCursor:
         self.line, self.byte = max(1, line), byte
         self.exhausted = False
         self.placed: dict[int, OrderEntry] = {}
-        self._chunks: AsyncIterator[bytes] | None = None
+        self._chunks: AsyncGenerator[bytes] | None = None
         self._pending = b""
         self._buffer: list[OrderEntry] = []
 
@@ -417,7 +417,7 @@ class OrderCursor:
         chunks, self._chunks = self._chunks, None
         self._pending, self._buffer = b"", []
         if chunks is not None:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
 
 
 async def scan_order(store: ObjectStore, key: str, upto_line: int) -> AsyncGenerator[InputLine]:

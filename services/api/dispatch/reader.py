@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 
 from shared.input_lines import InputLine, is_request, numbered_lines
 from shared.storage import ObjectStore
@@ -21,7 +21,7 @@ class InputCursor:
         self.store, self.key = store, key
         self.line, self.byte = line, byte
         self.exhausted = False
-        self._lines: AsyncIterator[InputLine] | None = None
+        self._lines: AsyncGenerator[InputLine] | None = None
 
     async def take(self, count: int) -> list[InputLine]:
         """Up to ``count`` request (non-blank) lines; fewer only at the end of the file."""
@@ -41,9 +41,9 @@ class InputCursor:
     async def close(self) -> None:
         lines, self._lines = self._lines, None
         if lines is not None:
-            await lines.aclose()  # type: ignore[attr-defined]
+            await lines.aclose()
 
-    def _iterate(self) -> AsyncIterator[InputLine]:
+    def _iterate(self) -> AsyncGenerator[InputLine]:
         return numbered_lines(self.store.iter_chunks(self.key, offset=self.byte), self.line, self.byte)
 
 

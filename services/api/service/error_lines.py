@@ -10,10 +10,11 @@ far are read from the first, output lines included, until the page is full).
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from services.api.service.partial import PartialOutputService
-from shared.input_lines import split_lines
+from shared.input_lines import is_request, split_lines
 from shared.protocol.extensions import ErrorLine, ErrorLinesPage
 
 UNREADABLE = "unreadable_line"
@@ -63,6 +64,15 @@ def matches(line: ErrorLine, custom_id: str | None, code: str | None) -> bool:
     return True
 
 
+async def error_lines(stream: AsyncIterator[bytes]) -> AsyncGenerator[ErrorLine]:
+    """Each line of an error stream, described, numbered from 1 (blank lines skipped)."""
+    position = 0
+    async for raw in split_lines(stream):
+        if is_request(raw):
+            position += 1
+            yield describe(position, raw)
+
+
 class ErrorLinesService:
     def __init__(self, partial: PartialOutputService) -> None:
         self.partial = partial
@@ -79,14 +89,10 @@ class ErrorLinesService:
     ) -> ErrorLinesPage:
         stream = await self.partial.open(project, batch_id, "error")  # 404 before anything is read
         found: list[ErrorLine] = []
-        matched = position = 0
+        matched = 0
         has_more = False
         try:
-            async for raw in split_lines(stream):
-                if not raw.strip():
-                    continue
-                position += 1
-                line = describe(position, raw)
+            async for line in error_lines(stream):
                 if not matches(line, custom_id, code):
                     continue
                 matched += 1
@@ -97,6 +103,5 @@ class ErrorLinesService:
                     break
                 found.append(line)
         finally:
-            if hasattr(stream, "aclose"):
-                await stream.aclose()
+            await stream.aclose()
         return ErrorLinesPage(data=found, has_more=has_more, next_offset=offset + limit if has_more else None)

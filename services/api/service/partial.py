@@ -12,7 +12,7 @@ streamed instead, so the call works the same before and after the end.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Literal
 
 from shared.documents import BatchDocument
@@ -35,7 +35,7 @@ class PartialOutputService:
         self.files = files
         self.store = store
 
-    async def open(self, project: str, batch_id: str, kind: Kind) -> AsyncIterator[bytes]:
+    async def open(self, project: str, batch_id: str, kind: Kind) -> AsyncGenerator[bytes]:
         """Look the batch up (404 before any byte is sent), then return the byte stream."""
         batch = await self.batches.get(batch_id, project)
         if batch is None:
@@ -44,7 +44,7 @@ class PartialOutputService:
             return self._final_file(batch, kind)
         return self._chunks(batch_id, kind)
 
-    async def _final_file(self, batch: BatchDocument, kind: Kind) -> AsyncIterator[bytes]:
+    async def _final_file(self, batch: BatchDocument, kind: Kind) -> AsyncGenerator[bytes]:
         file_id = batch.output_file_id if kind == "output" else batch.error_file_id
         file_doc = await self.files.get(file_id) if file_id else None
         if file_doc is None:
@@ -52,7 +52,7 @@ class PartialOutputService:
         async for chunk in self.store.iter_chunks(file_doc.object_key):
             yield chunk
 
-    async def _chunks(self, batch_id: str, kind: Kind) -> AsyncIterator[bytes]:
+    async def _chunks(self, batch_id: str, kind: Kind) -> AsyncGenerator[bytes]:
         wanted = kind == "output"
         sent = SeenLines()
         for key in sorted(await self.store.list_keys(result_chunk_prefix(batch_id))):

@@ -23,7 +23,7 @@ import orjson
 
 from services.api.schemas import BatchCreateParams
 from services.api.service.batches import MAX_METADATA_PAIRS, BatchService
-from services.api.service.error_lines import describe, matches
+from services.api.service.error_lines import error_lines, matches
 from services.api.service.files import FileService
 from services.api.service.partial import PartialOutputService
 from shared.errors import Conflict, InvalidRequest
@@ -62,14 +62,14 @@ class RetryService:
         )
         async with contextlib.AsyncExitStack() as streams:
             errors = await self.partial.open(project, batch_id, "error")
-            streams.push_async_callback(_close, errors)
+            streams.push_async_callback(errors.aclose)
             failed = _failed_custom_ids(errors, codes)
             streams.push_async_callback(failed.aclose)
             wanted = await anext(failed, None)
             if wanted is None:
                 raise nothing
             chunks = self.files.store.iter_chunks(source.object_key)
-            streams.push_async_callback(_close, chunks)
+            streams.push_async_callback(chunks.aclose)
             with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as selected:
                 async for raw in split_lines(chunks):
                     raw = raw.removeprefix(UTF8_BOM)  # a file's BOM is not part of its first line
@@ -107,19 +107,9 @@ async def _failed_custom_ids(
     line without one (unreadable) names no input line: it is skipped, or the walk would wait for
     it to the end of the input."""
     wanted = [c for c in codes or [] if c.strip()]
-    position = 0
-    async for raw in split_lines(errors):
-        if not is_request(raw):
-            continue
-        position += 1
-        line = describe(position, raw)
+    async for line in error_lines(errors):
         if line.custom_id and (not wanted or any(matches(line, None, code) for code in wanted)):
             yield line.custom_id
-
-
-async def _close(stream: AsyncIterator[bytes]) -> None:
-    if hasattr(stream, "aclose"):
-        await stream.aclose()
 
 
 def _custom_id(raw: bytes) -> str | None:
