@@ -354,20 +354,16 @@ class Dispatcher:
         return len(pending)
 
     def _queue(self, model: str, state: ModelState, now: float) -> list[QueuedBatch]:
-        """The model's batches as the policy sees them, each with its deadline risk: its remaining
-        lines at the rate it can count on, the higher of its own send rate (``SendRate``) and an
-        equal share of the model's (the rate the group commits, over its queued batches); its own
-        alone would read a batch waiting its turn as at risk, the share alone a batch served
-        faster as slower than it is."""
+        """The model's batches as the policy sees them, each with its deadline risk (``at_risk``:
+        its own send rate, the rate the group commits, shared between the model's batches)."""
         units = [s for s in self.batches.values() if s.model == model and s.status == "in_progress"]
-        capacity = state.backlog.rate
-        share = capacity / len(units) if units else 0.0
         return [
             unit.queued(
                 at_risk(
                     unit.remaining,
-                    max(unit.rate.per_second(now, unit.position.sent), share),
-                    capacity,
+                    unit.rate.per_second(now, unit.position.sent),
+                    state.backlog.rate,
+                    len(units),
                     unit.expires_at - now,
                     self.settings.deadline_margin_s,
                 )

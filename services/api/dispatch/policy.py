@@ -56,14 +56,20 @@ class Grant:
     lines: int
 
 
-def at_risk(remaining: int, rate: float, capacity: float, time_left: float, margin_s: float) -> bool:
+def at_risk(
+    remaining: int, own_rate: float, capacity: float, queued: int, time_left: float, margin_s: float
+) -> bool:
     """Whether a batch with ``time_left`` seconds to its deadline is at risk of missing it.
 
-    At risk: its ``remaining`` lines, at ``rate`` lines/s, would not be done ``margin_s`` before
-    the deadline, or the deadline is within ``margin_s`` already. Unknown rates (0) make nothing
-    at risk except within the margin. A batch that the model's whole rate (``capacity``) could not
-    finish in time is not at risk: going first cannot save it, and it would only hold up the other
-    projects until it expires.
+    At risk: its ``remaining`` lines, at the rate it can count on, would not be done ``margin_s``
+    before the deadline, or the deadline is within ``margin_s`` already. The rate it can count on
+    is the higher of its own (``own_rate``, lines sent per second: ``SendRate``) and an equal share
+    of the model's rate (``capacity``, lines the workers commit per second) between the model's
+    ``queued`` batches: its own alone would read a batch that only waits its turn (behind a higher
+    tier, or its project's higher priority) as at risk, the share alone a batch served faster than
+    that as slower than it is. With neither rate known, only the margin counts. A batch that the
+    model's whole rate could not finish in time is not at risk: going first cannot save it, and it
+    would only hold up the other projects until it expires.
     """
     if remaining <= 0 or time_left <= 0:
         return False
@@ -71,6 +77,7 @@ def at_risk(remaining: int, rate: float, capacity: float, time_left: float, marg
         return False
     if time_left <= margin_s:
         return True
+    rate = max(own_rate, capacity / queued if queued > 0 else 0.0)
     return rate > 0 and remaining > rate * (time_left - margin_s)
 
 

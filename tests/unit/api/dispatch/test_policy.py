@@ -154,15 +154,19 @@ def test_a_projects_new_batches_share_its_head_start_with_a_fake_clock() -> None
     assert policy.head_start_lines([*news, other]) == 42
 
 
-def test_at_risk_reads_the_remaining_lines_at_the_rate() -> None:
+def test_at_risk_reads_the_remaining_lines_at_the_rate_it_can_count_on() -> None:
     # 1,000 lines at 1 line/s need 1,000 s: at risk with 1,500 s left and a 600 s margin.
-    assert at_risk(1000, rate=1.0, capacity=10.0, time_left=1500, margin_s=600)
-    assert not at_risk(1000, rate=1.0, capacity=10.0, time_left=1700, margin_s=600)
-    assert at_risk(1, rate=0.0, capacity=0.0, time_left=500, margin_s=600)  # within the margin
-    assert not at_risk(1000, rate=0.0, capacity=0.0, time_left=1500, margin_s=600)  # no rate known
+    assert at_risk(1000, 1.0, capacity=10.0, queued=10, time_left=1500, margin_s=600)
+    assert not at_risk(1000, 1.0, capacity=10.0, queued=10, time_left=1700, margin_s=600)
+    # A batch waiting its turn (no lines sent lately) counts on an equal share of the model's rate.
+    assert not at_risk(1000, 0.0, capacity=10.0, queued=2, time_left=1500, margin_s=600)
+    assert at_risk(1000, 0.0, capacity=10.0, queued=20, time_left=1500, margin_s=600)
+    # No rate known: only the margin counts.
+    assert not at_risk(1000, 0.0, capacity=0.0, queued=1, time_left=1500, margin_s=600)
+    assert at_risk(1, 0.0, capacity=0.0, queued=1, time_left=500, margin_s=600)
     # The model's whole rate could not finish it: going first would only hold the others up.
-    assert not at_risk(100_000, rate=1.0, capacity=10.0, time_left=5000, margin_s=600)
-    assert not at_risk(0, rate=1.0, capacity=10.0, time_left=10, margin_s=600)
+    assert not at_risk(100_000, 1.0, capacity=10.0, queued=1, time_left=5000, margin_s=600)
+    assert not at_risk(0, 1.0, capacity=10.0, queued=1, time_left=10, margin_s=600)
 
 
 def test_send_rate_measures_the_recent_window_with_a_fake_clock() -> None:
