@@ -306,7 +306,7 @@ class Dispatcher:
         state = self._model(model)
         queue = self._queue(model, state, now)
         # A batch not started yet gets its first lines whatever the backlog (policy.py).
-        starting = state.policy.head_start_lines(queue)
+        starting = state.policy.head_start_lines(queue, now)
         allowance = state.backlog.allowance(state.book.in_topic())
         budget = min(self.settings.round_lines, max(allowance, starting))
         if budget <= 0 or not queue:

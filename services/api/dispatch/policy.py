@@ -136,11 +136,11 @@ class FairSharePolicy:
             left = self._share(tier, granted, left)
         return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
 
-    def head_start_lines(self, queued: Sequence[QueuedBatch]) -> int:
+    def head_start_lines(self, queued: Sequence[QueuedBatch], now: float) -> int:
         """Lines the head starts of ``queued`` take (the loop's budget covers them always)."""
         new: dict[str, int] = {}
         for b in queued:
-            if not b.started and b.remaining > 0:
+            if not b.started and b.remaining > 0 and b.expires_at > now:
                 new[b.project] = new.get(b.project, 0) + b.remaining
         return sum(min(lines, self.start_lines) for lines in new.values())
 

@@ -151,7 +151,9 @@ def test_a_projects_new_batches_share_its_head_start_with_a_fake_clock() -> None
     # Head starts: "p"'s three share 32 (11, 11, 10), "q"'s one takes its 10; then the share
     # (only "p" has lines left) goes on round robin from "p"'s last batch.
     assert grants == {"n0": 11 + 16, "n1": 11 + 6, "n2": 10, "o": 10}
-    assert policy.head_start_lines([*news, other]) == 42
+    assert policy.head_start_lines([*news, other], clock()) == 42
+    clock.advance(DAY)  # expired batches start no more
+    assert policy.head_start_lines([*news, other], clock()) == 0
 
 
 def test_at_risk_reads_the_remaining_lines_at_the_rate_it_can_count_on() -> None:
