@@ -38,6 +38,7 @@ pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-dispatch"
 GHOST_MODEL = "ghost-dispatch"
 FAKE = ModelSpec("", FAKE_MODEL, engine="fake")
+OPS_PROJECT = "ops-team"  # the operator grants it tier 1 (the others are in tier 0)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,7 @@ def dispatch_stack(own_stack: OwnStack) -> Iterator[Stack]:
             "BATCHSTREAM_DISPATCH_LEASE_RENEW_S": "0.5",
             "BATCHSTREAM_DISPATCH_POSITION_FLUSH_S": "0.2",
             "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
+            "BATCHSTREAM_DISPATCH_PROJECT_TIERS": f"{OPS_PROJECT}=1",
             **FAKE_STACK_ENV,
             "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "300",  # the dispatcher settles cancels
             # A group name in the worker's own settings would split it from the dispatcher's
@@ -588,6 +590,35 @@ async def test_projects_share_and_a_priority_orders_only_its_own_projects_batche
     for owner, batch in ((client, urgent), *((client, b) for b in mine), (other, theirs)):
         await owner.batches.cancel(batch.id)
     await other.close()
+
+
+async def test_a_project_the_operator_granted_a_tier_goes_first(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    """The stack grants ``OPS_PROJECT`` tier 1: its batch, created while the default project's runs,
+    has every round until its last line went (in a fair share the other would have had half)."""
+    key = await asyncio.to_thread(dispatch_stack.create_key, OPS_PROJECT)
+    ops = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
+    dispatch_stack.stop([FAKE.component])
+    try:
+        async with RequestRecorder(dispatch_stack.kafka_settings(), FAKE_MODEL) as recorder:
+            plain = await create_batch(client, FAKE_MODEL, 4000, prefix="plain")
+            started = await recorder.until(lambda: recorder.count(plain.id) >= 500, 60)
+            assert started, "the default project's batch was not dispatched"
+            granted = await create_batch(ops, FAKE_MODEL, 1000, prefix="ops")
+            await eventually(lambda: _dispatchable(db, granted.id), 60, "the ops batch validated")
+            sent_all = await recorder.until(lambda: recorder.count(granted.id) >= 1000, 60)
+            assert sent_all, f"{recorder.count(granted.id)} of the ops batch's 1000 lines were sent"
+    finally:
+        await asyncio.to_thread(dispatch_stack.start, [FAKE.component])
+    order = recorder.order()
+    at = [i for i, s in enumerate(order) if s.batch_id == granted.id]
+    beside = sum(s.batch_id == plain.id for s in order[at[0] : at[-1]])
+    assert beside <= 50, f"{beside} lines of the tier-0 batch went while the tier-1 batch's 1000 did"
+    assert recorder.count(plain.id) < 4000  # it still had lines queued
+    await client.batches.cancel(plain.id)
+    await ops.batches.cancel(granted.id)
+    await ops.close()
 
 
 def _sent_after(recorder: RequestRecorder, after_ms: int, project_of: dict[str, str]) -> set[str]:
