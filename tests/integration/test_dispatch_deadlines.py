@@ -1,15 +1,18 @@
-"""Earliest deadline first, on the local stack: a batch due sooner has its lines sent first.
+"""Batches at risk of missing their deadline, on the local stack: the one due first goes first.
 
-Every batch's deadline is its ``expires_at`` (created_at + the 24 h window), and batches whose
-deadlines lie within ``BATCHSTREAM_DISPATCH_DEADLINE_RESOLUTION_S`` of the earliest share a tier.
-This module's api (on the session's stand-ins, with no worker and no aggregator) takes a one-second
-resolution, so two batches of one project created two seconds apart fall into two tiers. The test is
-the model's consumer group: it consumes and commits the requests (so the dispatcher keeps sending)
-and reads the order the lines were sent in.
+Every batch's deadline is its ``expires_at`` (created_at + the 24 h window). A batch is at risk when
+at its rate it would not be done ``BATCHSTREAM_DISPATCH_DEADLINE_MARGIN_S`` before it; batches at
+risk go ahead of the fair share, earliest deadline first. This module's api (on the session's
+stand-ins, with no worker and no aggregator) takes a margin longer than the window, so every batch
+is at risk from the start. (Deadlines not at risk order nothing: test_dispatcher.py's projects
+share though their batches' deadlines lie seconds apart.) The test is the model's consumer group:
+it consumes and commits the requests (so the dispatcher keeps sending) and reads the order the
+lines were sent in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -36,7 +39,7 @@ def deadline_stack(own_stack: OwnStack) -> Iterator[Stack]:
         "deadline",
         ["api"],
         extra_env={
-            "BATCHSTREAM_DISPATCH_DEADLINE_RESOLUTION_S": "1",
+            "BATCHSTREAM_DISPATCH_DEADLINE_MARGIN_S": str(25 * 3600),  # past the window: at risk
             "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
         },
     ) as stack:
@@ -76,23 +79,29 @@ async def create_batch(client: AsyncOpenAI, prefix: str) -> Batch:
     )
 
 
-async def test_the_batch_due_first_is_sent_first(deadline_stack: Stack, client: AsyncOpenAI) -> None:
-    # The later batch's deadline must lie past the earlier one's tier (created_at is whole seconds).
+async def test_the_batch_at_risk_due_first_is_sent_first_across_projects(
+    deadline_stack: Stack, client: AsyncOpenAI
+) -> None:
+    # Two projects: without the risk, they would share. created_at is whole seconds, so two
+    # seconds apart the later deadline lies strictly later.
+    key = await asyncio.to_thread(deadline_stack.create_key, "later-team")
+    later_client = AsyncOpenAI(base_url=deadline_stack.base_url, api_key=key, max_retries=8)
     due_first = await create_batch(client, "first")
     await eventually(_after(due_first.created_at + 2), 10, "two seconds to pass", interval_s=0.05)
-    due_later = await create_batch(client, "later")
+    due_later = await create_batch(later_client, "later")
     assert (due_later.expires_at or 0) - (due_first.expires_at or 0) >= 2
     batches = (due_first.id, due_later.id)
     try:
         async with RequestRecorder(deadline_stack.kafka_settings(), MODEL) as recorder:
             await recorder.until(lambda: recorder.count(*batches) >= 2 * LINES, 120)
     finally:
-        for batch_id in batches:
-            await client.batches.cancel(batch_id)
+        await client.batches.cancel(due_first.id)
+        await later_client.batches.cancel(due_later.id)
+        await later_client.close()
     sent = recorder.count(*batches)
     assert sent == 2 * LINES, f"{sent} of {2 * LINES} lines sent in 120 s"
-    # Only the later batch's start lines (its first round, ``start_lines``) may go before the
-    # earlier batch is all sent; a round robin between the two would have sent about half of them.
+    # Only the later batch's head start (its first round, ``start_lines``) may go before the
+    # earlier batch is all sent; a fair share between the two would have sent about half of them.
     later_before = sum(
         _count_before_last(order, due_later.id, due_first.id) for order in recorder.by_partition().values()
     )

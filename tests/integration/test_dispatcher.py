@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-dispatch"
 GHOST_MODEL = "ghost-dispatch"
 FAKE = ModelSpec("", FAKE_MODEL, engine="fake")
+OPS_PROJECT = "ops-team"  # the operator grants it tier 1 (the others are in tier 0)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,7 @@ def dispatch_stack(own_stack: OwnStack) -> Iterator[Stack]:
             "BATCHSTREAM_DISPATCH_LEASE_RENEW_S": "0.5",
             "BATCHSTREAM_DISPATCH_POSITION_FLUSH_S": "0.2",
             "BATCHSTREAM_DISPATCH_WORKER_WINDOW": "64",
+            "BATCHSTREAM_DISPATCH_PROJECT_TIERS": f"{OPS_PROJECT}=1",
             **FAKE_STACK_ENV,
             "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "300",  # the dispatcher settles cancels
             # A group name in the worker's own settings would split it from the dispatcher's
@@ -531,14 +534,16 @@ async def test_a_cancelled_mixed_batch_ends_once_every_part_settled(
     assert every_line_once(await output_ids(client, done), total, "mixc")
 
 
-async def test_projects_share_and_a_higher_priority_goes_first(
+async def test_projects_share_and_a_priority_orders_only_its_own_projects_batches(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:
     """The test is the workers' group (it consumes, commits, answers nothing) and reads the order.
 
-    The default project queues three batches, "other-team" one later: shared by project, each
-    project gets half of the lines; shared by batch (a policy blind to projects), the default project
-    would get three quarters.
+    The default project queues three batches, "other-team" one later (deadlines seconds apart,
+    none at risk): shared by project, each project gets half of the lines; shared by batch (a
+    policy blind to projects), the default project would get three quarters, and ordered by
+    deadline the later one would wait for all of them. Then the default project's priority-100
+    batch takes its own project's share and no more: "other-team" keeps half.
     """
     key = await asyncio.to_thread(dispatch_stack.create_key, "other-team")
     other = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
@@ -556,7 +561,7 @@ async def test_projects_share_and_a_higher_priority_goes_first(
             # The workers pause (nothing is consumed, so the dispatcher only tops the topic's backlog
             # up) until the urgent batch may be dispatched: however slow its upload and validation,
             # the others still have lines queued when it goes.
-            urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=10)
+            urgent = await create_batch(client, FAKE_MODEL, 600, prefix="urgent", priority=100)
             await eventually(lambda: _dispatchable(db, urgent.id), 60, "the urgent batch validated")
             sent_all = await recorder.until(lambda: recorder.count(urgent.id) >= 600, 60)
             assert sent_all, f"{recorder.count(urgent.id)} of the urgent batch's 600 lines were sent"
@@ -575,14 +580,43 @@ async def test_projects_share_and_a_higher_priority_goes_first(
     assert len(contended) >= 3000, f"only {len(contended)} lines sent while all four were queued"
     share = sum(b != theirs.id for b in contended) / len(contended)
     assert 0.35 <= share <= 0.65, f"project shares {share:.2f} / {1 - share:.2f} (3 batches / 1)"
-    # Priority: once queued, the urgent batch has every dispatch round until its last line went
-    # (without priority the other project alone would have had half of them).
+    # Priority, within the default project only: while the urgent batch's 600 lines went, the
+    # default project's other batches waited, and the other team kept about half of the lines
+    # (with a priority across projects it would have had none of them).
     urgent_at = [i for i, s in enumerate(order) if s.batch_id == urgent.id]
-    others = [s for s in order[urgent_at[0] : urgent_at[-1]] if s.batch_id != urgent.id]
-    assert len(others) <= 50, f"{len(others)} other lines were sent while the urgent batch's 600 were"
+    during = Counter(project_of.get(s.batch_id, "urgent") for s in order[urgent_at[0] : urgent_at[-1]])
+    assert during["default"] <= 50, f"{during['default']} lines of the default project's other batches"
+    assert 400 <= during["other-team"] <= 900, f"the other team got {during['other-team']} beside 600"
     for owner, batch in ((client, urgent), *((client, b) for b in mine), (other, theirs)):
         await owner.batches.cancel(batch.id)
     await other.close()
+
+
+async def test_a_project_the_operator_granted_a_tier_goes_first(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
+    """The stack grants ``OPS_PROJECT`` tier 1: its batch, created while the default project's runs,
+    has every round until its last line went (in a fair share the other would have had half).
+    The test is the ghost model's workers' group (it consumes, commits, answers nothing)."""
+    key = await asyncio.to_thread(dispatch_stack.create_key, OPS_PROJECT)
+    ops = AsyncOpenAI(base_url=dispatch_stack.base_url, api_key=key, max_retries=8)
+    async with RequestRecorder(dispatch_stack.kafka_settings(), GHOST_MODEL) as recorder:
+        plain = await create_batch(client, GHOST_MODEL, 2000, prefix="plain")
+        started = await recorder.until(lambda: recorder.count(plain.id) >= 200, 60)
+        assert started, "the default project's batch was not dispatched"
+        # Nothing is consumed meanwhile: the dispatcher only tops the topic's backlog up.
+        granted = await create_batch(ops, GHOST_MODEL, 500, prefix="ops")
+        await eventually(lambda: _dispatchable(db, granted.id), 60, "the ops batch validated")
+        sent_all = await recorder.until(lambda: recorder.count(granted.id) >= 500, 60)
+        assert sent_all, f"{recorder.count(granted.id)} of the ops batch's 500 lines were sent"
+    order = recorder.order()
+    at = [i for i, s in enumerate(order) if s.batch_id == granted.id]
+    beside = sum(s.batch_id == plain.id for s in order[at[0] : at[-1]])
+    assert beside <= 50, f"{beside} lines of the tier-0 batch went while the tier-1 batch's 500 did"
+    assert recorder.count(plain.id) < 2000  # it still had lines queued
+    await client.batches.cancel(plain.id)
+    await ops.batches.cancel(granted.id)
+    await ops.close()
 
 
 def _sent_after(recorder: RequestRecorder, after_ms: int, project_of: dict[str, str]) -> set[str]:

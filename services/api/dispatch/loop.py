@@ -25,7 +25,7 @@ from services.api.dispatch.journey import JourneyBook
 from services.api.dispatch.lease import LeaseStore
 from services.api.dispatch.meter import Backlog, GroupProbe
 from services.api.dispatch.order import Affinity, OrderCursor
-from services.api.dispatch.policy import FairSharePolicy
+from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, at_risk
 from services.api.dispatch.positions import Position, PositionStore
 from services.api.dispatch.recovery import Recovery
 from services.api.dispatch.sender import LineSender
@@ -239,9 +239,9 @@ class Dispatcher:
                 policy=FairSharePolicy(
                     weights=s.weights(),
                     default_weight=s.default_project_weight,
+                    tiers=s.tiers(),
                     quantum=s.quantum_lines,
                     start_lines=s.start_lines,
-                    deadline_resolution_s=s.deadline_resolution_s,
                 ),
             )
             self.models[model] = found
@@ -304,9 +304,9 @@ class Dispatcher:
 
     async def _dispatch(self, model: str, now: float) -> int:
         state = self._model(model)
-        queue = [s.queued() for s in self.batches.values() if s.model == model and s.status == "in_progress"]
+        queue = self._queue(model, state, now)
         # A batch not started yet gets its first lines whatever the backlog (policy.py).
-        starting = sum(min(b.remaining, self.settings.start_lines) for b in queue if not b.started)
+        starting = state.policy.head_start_lines(queue, now)
         allowance = state.backlog.allowance(state.book.in_topic())
         budget = min(self.settings.round_lines, max(allowance, starting))
         if budget <= 0 or not queue:
@@ -353,9 +353,27 @@ class Dispatcher:
         metrics.DISPATCHED.labels(model).inc(len(pending))
         return len(pending)
 
-    @staticmethod
-    def _advance(read: list[QueuedState]) -> None:
+    def _queue(self, model: str, state: ModelState, now: float) -> list[QueuedBatch]:
+        """The model's batches as the policy sees them, each with its deadline risk (``at_risk``:
+        its own send rate, the rate the group commits, shared between the model's batches)."""
+        units = [s for s in self.batches.values() if s.model == model and s.status == "in_progress"]
+        return [
+            unit.queued(
+                at_risk(
+                    unit.remaining,
+                    unit.rate.per_second(now, unit.position.sent),
+                    state.backlog.rate,
+                    len(units),
+                    unit.expires_at - now,
+                    self.settings.deadline_margin_s,
+                )
+            )
+            for unit in units
+        ]
+
+    def _advance(self, read: list[QueuedState]) -> None:
         """Every line read is on Kafka: the positions move past them."""
+        now = self.clock()
         for batch in read:
             assert batch.cursor is not None
             batch.position.sent, batch.skipped = batch.position.sent + batch.skipped, 0
@@ -363,6 +381,7 @@ class Dispatcher:
             # Done at the end of the file, or once every request line went (trailing blanks).
             batch.position.done = batch.cursor.exhausted or batch.position.sent >= batch.total
             batch.started = batch.dirty = True
+            batch.rate.mark(now, batch.position.sent)
 
     async def _refuse(self, now: float) -> int:
         """The lines of mixed batches that name no served model: each one's ``model_not_found``

@@ -1,29 +1,41 @@
 """Which batch's lines go next: a pure planner, fed the queue and a budget, with no I/O.
 
-The order:
-1. ``priority`` (higher first; strict);
-2. the earliest deadline (``expires_at``): batches whose deadlines lie within
-   ``deadline_resolution_s`` of the earliest one form a tier, served before later tiers (every batch
-   has a 24 h window, so exact deadlines would only replay creation order: a tier is "about as
-   urgent");
-3. weighted fair share between the projects of a tier: each project has a virtual time that grows
-   by ``lines / weight`` as it is served, the project with the lowest goes next, ``quantum_lines``
-   at a time; a project that joins (new, or back after having nothing queued) first moves up to
-   the lowest virtual time of the tier's projects that stayed queued, so idling banks no credit
-   and a newcomer does not catch up on what the others were sent before it came;
-4. round robin between the batches of one project.
+Many projects share one model, so nothing one project sets may take another's share; only the
+operator orders projects. A round's budget goes, in this order:
 
-Before that order, a batch that has not started yet gets up to ``start_lines`` lines in its first
-round, so a small batch starts (and, at 10 lines, is wholly sent) within one round whatever is
-queued (charged to its project like any line). Batches past their deadline get nothing: their
-lines become ``batch_expired`` at finalize. One policy plans one model's queue: the virtual times
-are per model, so a project's use of one model does not lower its share of another.
+1. **Head starts**: a batch that has not started gets its first lines (a small batch starts, and at
+   10 lines is wholly sent, within one round whatever is queued), but one project's new batches
+   share ``start_lines`` per round between them, charged to the project's virtual time: a project
+   sending many small batches gets no more of a round than its share.
+2. **Tiers**, which only the operator grants (``project_tiers``, default 0): a higher tier's
+   projects are served before a lower tier's. Within a tier:
+3. **Batches at risk** (``QueuedBatch.at_risk``, computed by the loop with ``at_risk``): a batch
+   whose remaining lines, at the rate it can count on, would not be done ``deadline_margin_s``
+   before its ``expires_at``, goes ahead of the fair share, earliest deadline first, charged to its
+   project. A deadline orders nothing else: every batch has a 24 h window, so ordering by deadline
+   would only replay creation order and let whoever came first take the model.
+4. **Weighted fair share between projects**: each project has a virtual time that grows by
+   ``lines / weight`` as it is served, the project with the lowest goes next, ``quantum`` lines at a
+   time; a project that joins (new, or back after having nothing queued, or waiting until then
+   behind a higher tier) first moves up to the lowest virtual time of the tier's projects that
+   stayed queued, so idling banks no credit and a newcomer does not catch up on what the others
+   were sent before it came.
+5. **Within a project**: its batches' ``priority`` (higher first, strictly), round robin between
+   batches of one priority. A batch's priority orders only its own project's batches.
+
+Batches past their deadline get nothing: their lines become ``batch_expired`` at finalize. One
+policy plans one model's queue: the virtual times are per model, so a project's use of one model
+does not lower its share of another.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+RATE_WINDOW_S = 60.0
+"""A batch's own send rate (``SendRate``) is measured over about this many seconds of its sends."""
 
 
 @dataclass(frozen=True)
@@ -31,10 +43,11 @@ class QueuedBatch:
     batch_id: str
     project: str
     remaining: int  # request lines not dispatched yet
-    priority: int = 0
+    priority: int = 0  # orders this project's batches only
     expires_at: float = float("inf")
     started: bool = False  # any line dispatched already
     order: int = 0  # creation order (sort_key): ties and round-robin order
+    at_risk: bool = False  # would miss its deadline at its rate (``at_risk``): goes ahead in its tier
 
 
 @dataclass(frozen=True)
@@ -43,13 +56,60 @@ class Grant:
     lines: int
 
 
+def at_risk(
+    remaining: int, own_rate: float, capacity: float, queued: int, time_left: float, margin_s: float
+) -> bool:
+    """Whether a batch with ``time_left`` seconds to its deadline is at risk of missing it.
+
+    At risk: its ``remaining`` lines, at the rate it can count on, would not be done ``margin_s``
+    before the deadline, or the deadline is within ``margin_s`` already. The rate it can count on
+    is the higher of its own (``own_rate``, lines sent per second: ``SendRate``) and an equal share
+    of the model's rate (``capacity``, lines the workers commit per second) between the model's
+    ``queued`` batches: its own alone would read a batch that only waits its turn (behind a higher
+    tier, or its project's higher priority) as at risk, the share alone a batch served faster than
+    that as slower than it is. With neither rate known, only the margin counts. A batch that the
+    model's whole rate could not finish in time is not at risk: going first cannot save it, and it
+    would only hold up the other projects until it expires.
+    """
+    if remaining <= 0 or time_left <= 0:
+        return False
+    if capacity > 0 and remaining > capacity * time_left:
+        return False
+    if time_left <= margin_s:
+        return True
+    rate = max(own_rate, capacity / queued if queued > 0 else 0.0)
+    return rate > 0 and remaining > rate * (time_left - margin_s)
+
+
+@dataclass
+class SendRate:
+    """Lines of one batch sent per second over about the last ``window_s`` seconds."""
+
+    window_s: float = RATE_WINDOW_S
+    _marks: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def mark(self, now: float, sent: int) -> None:
+        """The batch had sent ``sent`` lines in all at ``now`` (one mark per eighth of a window)."""
+        if not self._marks or now - self._marks[-1][0] >= self.window_s / 8:
+            self._marks.append((now, sent))
+        while len(self._marks) > 1 and self._marks[1][0] <= now - self.window_s:
+            self._marks.popleft()
+
+    def per_second(self, now: float, sent: int) -> float:
+        """The rate since the oldest mark in the window; 0 until a quarter window was seen."""
+        if not self._marks or now - self._marks[0][0] < self.window_s / 4:
+            return 0.0
+        since, then = self._marks[0]
+        return max(0, sent - then) / (now - since)
+
+
 @dataclass
 class FairSharePolicy:
     weights: dict[str, float] = field(default_factory=dict)
     default_weight: float = 1.0
+    tiers: dict[str, int] = field(default_factory=dict)  # the operator's grants; 0 if not named
     quantum: int = 16
     start_lines: int = 32
-    deadline_resolution_s: float = 600.0
     _virtual: dict[str, float] = field(default_factory=dict)
     _last_served: dict[str, tuple[int, str]] = field(default_factory=dict)
     _reached: set[str] = field(default_factory=set)  # projects of the tiers the last plan shared
@@ -57,28 +117,60 @@ class FairSharePolicy:
     def weight(self, project: str) -> float:
         return self.weights.get(project, self.default_weight)
 
+    def tier(self, project: str) -> int:
+        return self.tiers.get(project, 0)
+
     def plan(self, queued: Sequence[QueuedBatch], budget: int, now: float) -> list[Grant]:
         """Split ``budget`` lines between the queued batches, in the order they should be sent."""
         live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
-        tiers = _tiers(live, self.deadline_resolution_s)
+        tiers = self._tiers(live)
         self._level(tiers)
         granted: dict[str, int] = {}
-        left = budget
-        for batch in sorted(live, key=_urgency):
-            if left <= 0:
-                break
-            if not batch.started:
-                lines = min(batch.remaining, self.start_lines, left)
-                granted[batch.batch_id] = lines
-                self._charge(batch, lines)
-                left -= lines
+        left = self._head_starts(live, granted, budget)
         self._reached = set()
         for tier in tiers:
             if left <= 0:
                 break
             self._reached |= {b.project for b in tier}
+            left = self._rescue(tier, granted, left)
             left = self._share(tier, granted, left)
         return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
+
+    def head_start_lines(self, queued: Sequence[QueuedBatch], now: float) -> int:
+        """Lines the head starts of ``queued`` take (the loop's budget covers them always)."""
+        new: dict[str, int] = {}
+        for b in queued:
+            if not b.started and b.remaining > 0 and b.expires_at > now:
+                new[b.project] = new.get(b.project, 0) + b.remaining
+        return sum(min(lines, self.start_lines) for lines in new.values())
+
+    def _head_starts(self, live: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
+        """Each project's new batches share ``start_lines``, evenly (higher priority, then older,
+        first when lines are fewer than batches); projects in tier, then virtual time, order."""
+        new: dict[str, list[QueuedBatch]] = {}
+        for batch in sorted(live, key=lambda b: (-b.priority, b.order, b.batch_id)):
+            if not batch.started:
+                new.setdefault(batch.project, []).append(batch)
+        for project in sorted(new, key=lambda p: (-self.tier(p), self._virtual.get(p, 0.0), p)):
+            batches = new[project]
+            for batch, lines in zip(batches, _fill(min(self.start_lines, left), batches), strict=True):
+                if lines > 0:
+                    granted[batch.batch_id] = lines
+                    self._charge(batch, lines)
+                    left -= lines
+        return left
+
+    def _rescue(self, tier: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
+        """The tier's batches at risk of missing their deadline, earliest deadline first."""
+        for batch in sorted(tier, key=lambda b: (b.expires_at, b.order, b.batch_id)):
+            if left <= 0:
+                break
+            if batch.at_risk and _room(batch, granted) > 0:
+                lines = min(left, _room(batch, granted))
+                granted[batch.batch_id] = granted.get(batch.batch_id, 0) + lines
+                self._charge(batch, lines)
+                left -= lines
+        return left
 
     def _share(self, tier: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
         by_project: dict[str, list[QueuedBatch]] = {}
@@ -98,16 +190,23 @@ class FairSharePolicy:
             left -= lines
         return left
 
-    def _level(self, tiers: list[list[QueuedBatch]]) -> None:
-        """Projects joining a tier start level with those that stayed in the share.
+    def _tiers(self, live: list[QueuedBatch]) -> list[list[QueuedBatch]]:
+        """The queued batches by their project's tier, highest first."""
+        tiers: dict[int, list[QueuedBatch]] = {}
+        for batch in live:
+            tiers.setdefault(self.tier(batch.project), []).append(batch)
+        return [tiers[t] for t in sorted(tiers, reverse=True)]
 
-        Done before any line of the round is charged (a new batch's start lines included). A
-        project stays if the last plan's fair share reached a tier it had lines in; any other
-        (new, back from having nothing queued, or waiting behind a higher priority or an earlier
-        deadline) joins: it moves up to the lowest virtual time of those staying, or, if none
-        stays, the tier's projects start level at the highest of theirs (it never goes down). So
-        what a project was sent in another tier, or before the other arrived, is not caught up
-        on, and the split does not depend on whether start lines were granted in between.
+    def _level(self, tiers: list[list[QueuedBatch]]) -> None:
+        """Projects joining a tier's share start level with those that stayed in it.
+
+        Done before any line of the round is charged (a new batch's head start included). A
+        project stays if the last plan's fair share reached its tier; any other (new, back from
+        having nothing queued, or waiting behind a higher tier) joins: it moves up to the lowest
+        virtual time of those staying, or, if none stays, the tier's projects start level at the
+        highest of theirs (it never goes down). So what a project was sent before the other
+        arrived is not caught up on, and the split does not depend on whether head starts were
+        granted in between.
         """
         for tier in tiers:
             projects = {b.project for b in tier}
@@ -120,7 +219,10 @@ class FairSharePolicy:
                 self._virtual[project] = max(self._virtual.get(project, floor), floor)
 
     def _next_batch(self, project: str, batches: list[QueuedBatch]) -> QueuedBatch:
-        """Round robin: the batch after the one this project served last, in creation order."""
+        """The project's highest priority; round robin between its batches of that priority (the
+        batch after the one this project served last, in creation order)."""
+        top = max(b.priority for b in batches)
+        batches = [b for b in batches if b.priority == top]
         last = self._last_served.get(project)
         if last is not None:
             for batch in batches:  # sorted by (order, batch_id)
@@ -140,25 +242,23 @@ class FairSharePolicy:
             self._last_served.pop(name, None)
 
 
-def _urgency(batch: QueuedBatch) -> tuple[int, float, int, str]:
-    return (-batch.priority, batch.expires_at, batch.order, batch.batch_id)
-
-
 def _room(batch: QueuedBatch, granted: dict[str, int]) -> int:
     return batch.remaining - granted.get(batch.batch_id, 0)
 
 
-def _tiers(batches: list[QueuedBatch], resolution_s: float) -> list[list[QueuedBatch]]:
-    """Priority levels (highest first), each cut into deadline tiers (earliest first)."""
-    tiers: list[list[QueuedBatch]] = []
-    current: list[QueuedBatch] = []
-    for batch in sorted(batches, key=_urgency):
-        if current and (
-            batch.priority != current[0].priority or batch.expires_at >= current[0].expires_at + resolution_s
-        ):
-            tiers.append(current)
-            current = []
-        current.append(batch)
-    if current:
-        tiers.append(current)
-    return tiers
+def _fill(total: int, batches: list[QueuedBatch]) -> list[int]:
+    """``total`` lines split evenly between ``batches``, none above its remaining lines; when
+    lines are fewer than batches, the first batches get one each."""
+    lines = [0] * len(batches)
+    open_ = [i for i, b in enumerate(batches) if b.remaining > 0]
+    while total > 0 and open_:
+        each = max(1, total // len(open_))
+        for i in list(open_):
+            take = min(each, batches[i].remaining - lines[i], total)
+            lines[i] += take
+            total -= take
+            if lines[i] >= batches[i].remaining:
+                open_.remove(i)
+            if total <= 0:
+                break
+    return lines

@@ -41,17 +41,23 @@ class DispatchSettings(BaseSettings):
     refresh_seconds: float = Field(default=0.25, ge=SHORTEST_TIMER_S)
     """How often the queued batches are read from MongoDB (status, cancellation, new batches); the
     pause between rounds when no lines wait (a batch made dispatchable here wakes the loop at once)."""
-    start_lines: int = 32
-    """Lines a batch that has not started yet gets ahead of the order in its first round."""
+    start_lines: int = Field(default=32, ge=0)
+    """Head start: lines a batch that has not started yet gets ahead of the order in its first
+    round; one project's new batches share this many per round (charged to its fair share)."""
     quantum_lines: int = 16
     """Lines one project takes per fair-share turn."""
-    deadline_resolution_s: float = 600.0
-    """Batches whose deadlines (``expires_at``) lie within this many seconds of the earliest share a
-    tier (then fair share decides)."""
+    deadline_margin_s: float = Field(default=3600.0, ge=0)
+    """A batch is at risk, and goes ahead of the fair share in its tier (earliest deadline first),
+    when at its rate its remaining lines would not be done this many seconds before its
+    ``expires_at``; otherwise its deadline orders nothing."""
     project_weights: str = ""
     """``project=weight,...`` for the fair share between projects."""
     default_project_weight: float = 1.0
     """Weight of a project not named in ``project_weights``."""
+    project_tiers: str = ""
+    """``project=tier,...`` (integers): a higher tier's projects are served before a lower tier's;
+    a project not named is in tier 0. Only the operator grants tiers (a batch's ``priority``
+    orders its own project's batches only)."""
     direct_weight: float = 1.0
     """Weight of direct-Kafka requests (pipelines) against batch lines (weight 1) in the topic."""
     worker_window: int = 128
@@ -101,6 +107,15 @@ class DispatchSettings(BaseSettings):
     def weights(self) -> dict[str, float]:
         return parse_weights(self.project_weights)
 
+    @field_validator("project_tiers")
+    @classmethod
+    def _tiers_parse(cls, value: str) -> str:
+        parse_tiers(value)
+        return value
+
+    def tiers(self) -> dict[str, int]:
+        return parse_tiers(self.project_tiers)
+
 
 def parse_weights(text: str) -> dict[str, float]:
     """``"a=2,b=0.5"`` -> ``{"a": 2.0, "b": 0.5}``; a weight must be positive."""
@@ -114,3 +129,20 @@ def parse_weights(text: str) -> dict[str, float]:
             raise ValueError(f"bad project weight {item!r}: write project=positive number")
         weights[name.strip()] = weight
     return weights
+
+
+def parse_tiers(text: str) -> dict[str, int]:
+    """``"ops=1,batch=-1"`` -> ``{"ops": 1, "batch": -1}``; a tier is an integer."""
+    tiers: dict[str, int] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, _, raw = item.partition("=")
+        try:
+            tier = int(raw)
+        except ValueError:
+            tier = None
+        if not name.strip() or tier is None:
+            raise ValueError(f"bad project tier {item!r}: write project=integer")
+        tiers[name.strip()] = tier
+    return tiers

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from services.api.dispatch.journey import JourneyBook, SentLine
 from services.api.dispatch.meter import Backlog
 from services.api.dispatch.order import Affinity, OrderCursor, scan_order
-from services.api.dispatch.policy import FairSharePolicy, QueuedBatch
+from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, SendRate
 from services.api.dispatch.positions import Position
 from services.api.dispatch.reader import InputCursor, InputLine, scan
 from shared.protocol.messages import SamplingDefaults
@@ -52,6 +52,7 @@ class QueuedState:
     skipped: int = 0  # of those, passed over by the cursor and not yet counted in the position
     part: int | None = None  # a mixed batch's part: its lines are those of its own dispatch order
     parts: int = 1
+    rate: SendRate = field(default_factory=SendRate)  # its lines sent per second (deadline risk)
 
     @classmethod
     def from_view(cls, view: DispatchView, object_key: str, position: Position) -> QueuedState:
@@ -97,7 +98,7 @@ class QueuedState:
     def dispatchable(self, now: float) -> bool:
         return self.status == "in_progress" and self.expires_at > now
 
-    def queued(self) -> QueuedBatch:
+    def queued(self, at_risk: bool = False) -> QueuedBatch:
         return QueuedBatch(
             batch_id=self.unit,
             project=self.project,
@@ -106,6 +107,7 @@ class QueuedState:
             expires_at=self.expires_at,
             started=self.started,
             order=self.order,
+            at_risk=at_risk,
         )
 
     def open_cursor(self, store: ObjectStore) -> InputCursor | OrderCursor:

@@ -19,3 +19,11 @@ def test_a_zero_timer_is_refused_with_its_name(timer: str) -> None:
 def test_the_defaults_and_a_short_timer_are_accepted() -> None:
     assert DispatchSettings().refresh_seconds == 0.25
     assert DispatchSettings(meter_seconds=0.01).meter_seconds == 0.01
+
+
+def test_project_tiers_parse_like_the_weights_and_refuse_what_is_not_an_integer() -> None:
+    assert DispatchSettings(project_tiers="ops=1, bulk=-1,").tiers() == {"ops": 1, "bulk": -1}
+    assert DispatchSettings().tiers() == {}
+    for bad in ("ops", "ops=high", "ops=1.5", "=2"):
+        with pytest.raises(ValidationError, match="project_tiers"):
+            DispatchSettings(project_tiers=bad)
