@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.tenants import Answer, HealthProbe, pending, write_huge_line_file, write_long_line
+from bench.tenants import Answer, HealthProbe, error_name, pending, write_huge_line_file, write_long_line
 
 
 @pytest.mark.parametrize("size", [300, 2**20 + 17, 3 * 2**20])
@@ -58,6 +58,7 @@ def test_a_refusal_is_named_by_its_status_and_code() -> None:
         Answer(429, {"error": {"code": "quota_exceeded", "type": "rate_limit"}}).code == "429 quota_exceeded"
     )
     assert Answer(413, {}).code == "413"
+    assert not Answer(0, {"error": {"code": "WriteError"}}).ok  # the connection closed mid-upload
 
 
 def test_pending_lines_are_those_of_running_batches_without_a_result() -> None:
@@ -67,3 +68,9 @@ def test_pending_lines_are_those_of_running_batches_without_a_result() -> None:
         "c": {"status": "cancelled", "request_counts": {"total": 50, "completed": 10, "failed": 0}},
     }
     assert pending(batches) == 65
+
+
+def test_an_error_line_is_named_by_its_code_or_by_its_type_and_status() -> None:
+    assert error_name({"code": "line_too_large", "type": "invalid_request_error"}) == "line_too_large"
+    assert error_name({"code": 400, "type": "BadRequestError"}) == "BadRequestError 400"
+    assert error_name({}) == ""
