@@ -199,8 +199,8 @@ schemas: $(VENV)/.editable-installed
 test-unit: $(VENV)/.editable-installed
 	$(PY) -m pytest -q tests/unit
 
-# Runs `python -m bench` (bench/__main__.py) on the tiny model (the prefix benchmark on Gemma 3 270M);
-# e.g. `make bench BENCH_ARGS="--only parity"`.
+# Runs `python -m bench` (bench/__main__.py) on the tiny model (the prefix benchmark on Gemma 3 270M,
+# the tenants benchmark on the paced fake engine); e.g. `make bench BENCH_ARGS="--only tenants"`.
 BENCH_ARGS ?=
 bench: venvs $(TINY_DIR)/$(MARKER) $(MODELS)/gemma-3-270m/$(MARKER)
 	@if [ ! -f bench/__main__.py ]; then echo "no bench/ yet"; exit 0; fi; \

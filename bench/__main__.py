@@ -1,4 +1,5 @@
-"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix|shared|console] [options]``
+"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix|shared|console|tenants]
+[options]``
 (``make bench``), or ``python -m bench --only versus --against REV`` (this tree against an older
 commit).
 
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import console, parity, pipeline, prefix, shared, versus
+from bench import console, parity, pipeline, prefix, shared, tenants, versus
 from bench.common import default_path, machine
 from deploy.local import REPO_ROOT
 
@@ -27,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--only",
-        choices=["parity", "pipeline", "prefix", "shared", "console", "versus"],
-        help="run one benchmark (versus: only so)",
+        choices=["parity", "pipeline", "prefix", "shared", "console", "tenants", "versus"],
+        help="run one benchmark (versus and tenants: only so)",
     )
     parser.add_argument(
         "--inference-python",
@@ -142,6 +143,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipe.add_argument("--small-runs", type=int, default=3, help="runs of the 10-line batch alone")
     pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
     pipe.add_argument("--share-lines", type=int, default=20_000, help="each project's batch (shares)")
+    ten = parser.add_argument_group("tenants (a flooding project beside a well-behaved one)")
+    ten.add_argument(
+        "--tenants-engine",
+        choices=["paced", "vllm"],
+        default="paced",
+        help="the fake engine at a fixed pace (default), or the tiny vLLM model (--model-dir)",
+    )
+    ten.add_argument("--tenants-line-seconds", type=float, default=0.2, help="paced: seconds a line takes")
+    ten.add_argument("--tenants-in-flight", type=int, default=64, help="paced: lines the worker runs at once")
+    ten.add_argument("--tenants-good-lines", type=int, default=1_000, help="the good project's batch")
+    ten.add_argument("--tenants-alone-runs", type=int, default=2, help="runs of the good batch alone")
+    ten.add_argument("--tenants-flood-batches", type=int, default=50, help="the flood's small batches")
+    ten.add_argument("--tenants-flood-lines", type=int, default=100, help="lines of each small batch")
+    ten.add_argument(
+        "--tenants-priority-batches", type=int, default=2, help="the flood's priority-100 batches"
+    )
+    ten.add_argument("--tenants-priority-lines", type=int, default=3_000, help="lines of each priority batch")
+    ten.add_argument("--tenants-huge-line-mb", type=float, default=10, help="the huge line among short ones")
+    ten.add_argument(
+        "--tenants-over-line-mb",
+        type=float,
+        default=64,
+        help="the line over the line limit (last, no newline)",
+    )
+    ten.add_argument("--tenants-giant-mb", type=float, default=1000, help="the one-line file (no newline)")
+    ten.add_argument("--tenants-health-interval-ms", type=float, default=25, help="/health poll interval")
+    ten.add_argument("--tenants-idle-s", type=float, default=3, help="/health polled on the idle stack")
+    ten.add_argument("--tenants-timeout-s", type=float, default=600, help="longest wait for any batch")
     parity_group.add_argument(
         "--hol-big", type=int, default=2_000, help="big batch (real engine head of line); 0 skips it"
     )
@@ -195,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     path = RESULTS_DIR / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     if args.only == "versus":
         report["versus"] = versus.run(args)
+    if args.only == "tenants":
+        report["tenants"] = tenants.run(args)
     if args.only in (None, "pipeline"):
         if args.line_bytes is None:
             args.line_bytes = 4_000 if args.lines <= pipeline.YARDSTICK_LINES else 180
