@@ -81,6 +81,11 @@ class NotFound(BatchstreamError):
     error_type = "invalid_request_error"
     default_code = "not_found"
 
+    @classmethod
+    def no_such(cls, kind: str, object_id: str, param: str) -> NotFound:
+        """OpenAI's answer to an unknown id (``kind``: ``File``, ``Batch``), the id cut short."""
+        return cls(f"No such {kind} object: {echo(object_id, quote=False)}", param=param)
+
 
 class Conflict(BatchstreamError):
     status_code = 409

@@ -150,7 +150,7 @@ class BatchService:
     async def document(self, project: str, batch_id: str) -> BatchDocument:
         batch = await self.batches.get(batch_id, project)
         if batch is None:
-            raise NotFound(f"No such Batch object: {echo(batch_id, quote=False)}", param="batch_id")
+            raise NotFound.no_such("Batch", batch_id, "batch_id")
         return batch
 
     async def get(self, project: str, batch_id: str) -> Batch:

@@ -86,7 +86,7 @@ class FileService:
         """The file's document, as its project sees it: deleted or expired files are not found."""
         doc = await self.documents.visible(project, file_id)
         if doc is None:
-            raise NotFound(f"No such File object: {echo(file_id, quote=False)}", param="file_id")
+            raise NotFound.no_such("File", file_id, "file_id")
         return doc
 
     async def get(self, project: str, file_id: str) -> FileObject:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from shared.errors import NotFound, echo
+from shared.errors import NotFound
 from shared.protocol.extensions import BatchProgress, ModelStatus, ProgressSample, UsageRow
 from shared.stores.batches import BatchStore
 from shared.stores.models import ModelStore, card_of, worker_statuses
@@ -22,7 +22,7 @@ class OverviewService:
     async def progress(self, project: str, batch_id: str) -> BatchProgress:
         found = await self.batches.progress(batch_id, project)
         if found is None:
-            raise NotFound(f"No such Batch object: {echo(batch_id, quote=False)}", param="batch_id")
+            raise NotFound.no_such("Batch", batch_id, "batch_id")
         total, samples = found
         return BatchProgress(
             batch_id=batch_id,

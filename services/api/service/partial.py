@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 from typing import Literal
 
 from shared.documents import BatchDocument
-from shared.errors import NotFound, echo
+from shared.errors import NotFound
 from shared.lifecycle import TERMINAL
 from shared.result_chunks import parse_record
 from shared.seen_lines import SeenLines
@@ -39,7 +39,7 @@ class PartialOutputService:
         """Look the batch up (404 before any byte is sent), then return the byte stream."""
         batch = await self.batches.get(batch_id, project)
         if batch is None:
-            raise NotFound(f"No such Batch object: {echo(batch_id, quote=False)}", param="batch_id")
+            raise NotFound.no_such("Batch", batch_id, "batch_id")
         if batch.status in TERMINAL:
             return self._final_file(batch, kind)
         return self._chunks(batch_id, kind)
