@@ -30,6 +30,24 @@ class ErrorBody(BaseModel):
         return self.model_dump()
 
 
+ECHO_CHARS = 200
+"""Most characters of a client's value an error message quotes (``echo``)."""
+
+
+def echo(value: object, *, quote: bool = True) -> str:
+    """``value`` as an error message quotes it: its ``repr`` (``quote=False``: its text), cut to
+    ``ECHO_CHARS`` characters and marked ``… (N characters)`` with its full length when longer.
+
+    Every message that names a client's value (a custom_id, url, model, id, status) goes through
+    here, so a 15 KB model name in 1,000 lines cannot make a batch object of 15 MB.
+    """
+    text = repr(value) if quote else str(value)
+    if len(text) <= ECHO_CHARS:
+        return text
+    size = len(value) if isinstance(value, str) else len(text)
+    return f"{text[:ECHO_CHARS]}… ({size} characters)"
+
+
 class BatchstreamError(Exception):
     """Root of every error batchstream raises on purpose."""
 
@@ -62,6 +80,11 @@ class NotFound(BatchstreamError):
     status_code = 404
     error_type = "invalid_request_error"
     default_code = "not_found"
+
+    @classmethod
+    def no_such(cls, kind: str, object_id: str, param: str) -> NotFound:
+        """OpenAI's answer to an unknown id (``kind``: ``File``, ``Batch``), the id cut short."""
+        return cls(f"No such {kind} object: {echo(object_id, quote=False)}", param=param)
 
 
 class Conflict(BatchstreamError):

@@ -155,6 +155,15 @@ class ApiSettings(BaseSettings):
     ``too_many_tasks`` naming the limit."""
     max_reported_errors: int = 1000
     """Most entries in a failed batch's ``errors.data`` (the log gives the full count of bad lines)."""
+    max_reported_error_bytes: int = Field(default=64 * 1024, ge=4096)
+    """Most bytes (as JSON) of a failed batch's ``errors.data``, so a batch object stays small
+    whatever its lines echo. When errors are left out (by this or ``max_reported_errors``), the
+    last entry, code ``errors_truncated``, says how many there were in all."""
+    max_list_bytes: int = Field(default=1024 * 1024, ge=1)
+    """Most bytes (as JSON) of the items on one page of ``GET /v1/batches``, ``GET /v1/files`` and
+    a batch's ``error_lines``: a page ends before the item that would pass it (it always holds
+    one) and says ``has_more``, so paging with ``after`` (or ``next_offset``) still reaches every
+    item."""
     create_dedupe_window_s: float = 60.0
     """Identical creates (same project, same body) without an ``Idempotency-Key`` within this many
     seconds return the first batch."""

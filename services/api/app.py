@@ -91,7 +91,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
         app.state.models = model_store
         app.state.partial = PartialOutputService(batch_store, file_store, store)
-        app.state.error_lines = ErrorLinesService(app.state.partial)
+        app.state.error_lines = ErrorLinesService(app.state.partial, api_settings.max_list_bytes)
         app.state.overview = OverviewService(batch_store, model_store)
         app.state.retry = RetryService(batch_service, file_service, app.state.partial)
         app.state.files, app.state.batches = file_service, batch_service

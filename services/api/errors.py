@@ -13,7 +13,7 @@ from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeo
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from urllib3.exceptions import HTTPError as StorageConnectionError
 
-from shared.errors import BatchstreamError, DependencyUnavailable, ErrorBody
+from shared.errors import BatchstreamError, DependencyUnavailable, ErrorBody, echo
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,20 @@ def error_response(error: BatchstreamError) -> JSONResponse:
     return JSONResponse(error.body().to_json(), status_code=error.status_code, headers=headers)
 
 
+UNKNOWN_PARAMETER = "unknown_parameter"
+
+
 def _param(loc: tuple[str | int, ...]) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or None
+    return echo(".".join(parts), quote=False) if parts else None
+
+
+def _unknown(names: list[str]) -> ErrorBody:
+    """OpenAI's answer to body fields it does not take, naming them (the first as ``param``)."""
+    plural = "s" if len(names) > 1 else ""
+    listed = echo(", ".join(names), quote=False)
+    message = f"Unrecognized request argument{plural} supplied: {listed}"
+    return ErrorBody.of(message, "invalid_request_error", names[0], UNKNOWN_PARAMETER)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -40,6 +51,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        extra = [_param(tuple(e["loc"])) for e in exc.errors() if e.get("type") == "extra_forbidden"]
+        unknown = [name for name in extra if name]
+        if unknown:  # named before any other error, as OpenAI does
+            return JSONResponse(_unknown(unknown).to_json(), status_code=400)
         first = exc.errors()[0] if exc.errors() else {}
         param = _param(tuple(first.get("loc", ())))
         message = f"{first.get('msg', 'Invalid request')}" + (f" ({param})" if param else "")

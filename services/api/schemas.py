@@ -10,14 +10,18 @@ from shared.protocol.messages import SamplingDefaults
 
 
 class ExpiresAfter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     anchor: Literal["created_at"] = "created_at"
     seconds: int = Field(ge=3600, le=2_592_000)
 
 
 class BatchCreateParams(SamplingDefaults):
-    """``POST /v1/batches``. The sampling defaults are batchstream's extension (docs/api.md)."""
+    """``POST /v1/batches``. The sampling defaults are batchstream's extension (docs/api.md).
 
-    model_config = ConfigDict(extra="ignore")
+    Any other field is refused (a 400 ``unknown_parameter`` naming it, services/api/errors.py), as
+    OpenAI refuses it: a misspelt extension must not make a batch without it."""
+
+    model_config = ConfigDict(extra="forbid")
     input_file_id: str
     # Optional with these defaults, as in the batch API batchstream replaces (OpenAI requires both).
     endpoint: str = "/v1/chat/completions"

@@ -13,6 +13,7 @@ from services.api.dispatch.journey import LOST_CODE, SentLine
 from services.api.dispatch.reader import InputLine
 from services.api.dispatch.state import QueuedState
 from shared import ids
+from shared.errors import echo
 from shared.kafka import encode
 from shared.protocol.batch_input import UTF8_BOM, parse_raw_line
 from shared.protocol.messages import LineError, ResultMessage, request_message_json
@@ -21,7 +22,7 @@ from shared.stores.models import MODEL_NOT_FOUND
 from shared.topics import results_topic
 
 LOST_MESSAGE = "This request was sent {n} times and no result ever reached the batch."
-NO_MODEL = "The model {model!r} does not exist (no worker serves it)."
+NO_MODEL = "The model {model} does not exist (no worker serves it)."
 
 
 class RequestRound:
@@ -97,7 +98,7 @@ class LineSender:
         for line in lines:
             item = orjson.loads(line.raw.removeprefix(UTF8_BOM))
             body = item.get("body") if isinstance(item.get("body"), dict) else {}
-            error = LineError(code=MODEL_NOT_FOUND, message=NO_MODEL.format(model=body.get("model")))
+            error = LineError(code=MODEL_NOT_FOUND, message=NO_MODEL.format(model=echo(body.get("model"))))
             errors.append((line.number, str(item.get("custom_id", "")), error))
         await self._publish_errors(batch_id, errors)
 

@@ -12,7 +12,7 @@ from services.api.deps import Batches, Project, Retry
 from services.api.errors import DEPENDENCY_TIMEOUT_S
 from services.api.openapi import errors
 from services.api.schemas import BatchCreateParams
-from shared.errors import InvalidRequest
+from shared.errors import InvalidRequest, echo
 from shared.lifecycle import STATUSES
 from shared.protocol.openai import Batch, ListObject
 
@@ -26,7 +26,7 @@ def parse_statuses(raw: str | None) -> frozenset[str] | None:
     unknown = sorted(wanted - set(STATUSES))
     if unknown:
         raise InvalidRequest(
-            f"Unknown status {unknown[0]!r}; expected some of: {', '.join(STATUSES)}.", param="status"
+            f"Unknown status {echo(unknown[0])}; expected some of: {', '.join(STATUSES)}.", param="status"
         )
     return wanted
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from services.api.deps import Overview, Project
 from services.api.openapi import errors
-from shared.errors import NotFound
+from shared.errors import NotFound, echo
 from shared.protocol.openai import ListObject, ModelCard
 from shared.stores.models import MODEL_NOT_FOUND
 
@@ -37,5 +37,5 @@ async def list_models(
 async def retrieve_model(_: Project, request: Request, model_id: str) -> ModelCard:
     card = await request.app.state.models.card(model_id)
     if card is None:
-        raise NotFound(f"The model {model_id!r} does not exist.", param="model", code=MODEL_NOT_FOUND)
+        raise NotFound(f"The model {echo(model_id)} does not exist.", param="model", code=MODEL_NOT_FOUND)
     return card  # type: ignore[no-any-return]

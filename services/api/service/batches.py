@@ -23,7 +23,7 @@ from services.api.service.idempotency import CreateDeduplicator
 from services.api.service.validation import InputValidator
 from shared import ids
 from shared.documents import BatchDocument, FileDocument, sort_key
-from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.errors import Conflict, InvalidRequest, NotFound, echo
 from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.messages import ControlMessage
@@ -101,7 +101,7 @@ class BatchService:
     ) -> Batch:
         if params.endpoint not in SUPPORTED_ENDPOINTS:
             raise InvalidRequest(
-                f"Unsupported endpoint {params.endpoint!r}; expected one of {list(SUPPORTED_ENDPOINTS)}.",
+                f"Unsupported endpoint {echo(params.endpoint)}; expected one of {list(SUPPORTED_ENDPOINTS)}.",
                 param="endpoint",
                 code="invalid_value",
             )
@@ -150,7 +150,7 @@ class BatchService:
     async def document(self, project: str, batch_id: str) -> BatchDocument:
         batch = await self.batches.get(batch_id, project)
         if batch is None:
-            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+            raise NotFound.no_such("Batch", batch_id, "batch_id")
         return batch
 
     async def get(self, project: str, batch_id: str) -> Batch:
@@ -161,7 +161,7 @@ class BatchService:
     ) -> ListObject:
         anchor = (await self.document(project, after)).sort_key if after else None
         docs = await self.batches.page(project, anchor, limit + 1, statuses)
-        return page([d.public() for d in docs], limit)
+        return page([d.public() for d in docs], limit, self.settings.max_list_bytes)
 
     async def cancel(self, project: str, batch_id: str) -> Batch:
         """Idempotent: a retried cancel (say after a 503) gets the batch, and announces again in
@@ -229,7 +229,7 @@ class BatchService:
             )
         except Exception as exc:
             log.exception("processing a batch failed; the batch fails", extra={"batch_id": batch.id})
-            await self._give_up(batch, f"{type(exc).__name__}: {exc}")
+            await self._give_up(batch, echo(f"{type(exc).__name__}: {exc}", quote=False))
 
     async def _reload(self, batch: BatchDocument) -> BatchDocument:
         return await self.batches.get(batch.id) or batch
@@ -285,6 +285,7 @@ class BatchService:
             known_models=await self.models.served(),
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
+            max_reported_error_bytes=self.settings.max_reported_error_bytes,
         )
         min_shared = self.dispatch.prefix_min_shared_chars
         order, parts = None, None

@@ -13,9 +13,13 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from pydantic_core import to_json
+
 from services.api.service.partial import PartialOutputService
+from shared.errors import echo
 from shared.input_lines import is_request, split_lines
 from shared.protocol.extensions import ErrorLine, ErrorLinesPage
+from shared.settings import ApiSettings
 
 UNREADABLE = "unreadable_line"
 """The code shown for an error-file line that is not a JSON object."""
@@ -33,7 +37,9 @@ def describe(position: int, raw: bytes) -> ErrorLine:
         doc = None
     if not isinstance(doc, dict):  # not what finalize writes; shown, not a 500
         text = raw.decode("utf-8", "replace")
-        return ErrorLine(line=position, custom_id="", code=UNREADABLE, message=text[:200], raw={"line": text})
+        return ErrorLine(
+            line=position, custom_id="", code=UNREADABLE, message=echo(text, quote=False), raw={"line": text}
+        )
     error: dict[str, Any] = doc["error"] if isinstance(doc.get("error"), dict) else {}
     response: dict[str, Any] = doc["response"] if isinstance(doc.get("response"), dict) else {}
     body = response.get("body")
@@ -74,8 +80,13 @@ async def error_lines(stream: AsyncIterator[bytes]) -> AsyncGenerator[ErrorLine]
 
 
 class ErrorLinesService:
-    def __init__(self, partial: PartialOutputService) -> None:
+    def __init__(
+        self,
+        partial: PartialOutputService,
+        max_bytes: int = ApiSettings.model_fields["max_list_bytes"].default,
+    ) -> None:
         self.partial = partial
+        self.max_bytes = max_bytes  # of a page's lines, as JSON (``max_list_bytes``)
 
     async def page(
         self,
@@ -89,7 +100,7 @@ class ErrorLinesService:
     ) -> ErrorLinesPage:
         stream = await self.partial.open(project, batch_id, "error")  # 404 before anything is read
         found: list[ErrorLine] = []
-        matched = 0
+        matched = used = 0
         has_more = False
         try:
             async for line in error_lines(stream):
@@ -98,10 +109,12 @@ class ErrorLinesService:
                 matched += 1
                 if matched <= offset:
                     continue
-                if len(found) == limit:
+                used += len(to_json(line)) + 1
+                if len(found) == limit or (found and used > self.max_bytes):
                     has_more = True
                     break
                 found.append(line)
         finally:
             await stream.aclose()
-        return ErrorLinesPage(data=found, has_more=has_more, next_offset=offset + limit if has_more else None)
+        next_offset = offset + len(found) if has_more else None
+        return ErrorLinesPage(data=found, has_more=has_more, next_offset=next_offset)

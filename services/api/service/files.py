@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from typing import IO, Any
+from collections.abc import AsyncIterator, Sequence
+from typing import IO, TypeVar
+
+from pydantic import BaseModel
+from pydantic_core import to_json
 
 from shared import ids
 from shared.documents import FileDocument
-from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
-from shared.protocol.openai import FileObject, ListObject
+from shared.errors import InvalidRequest, NotFound, PayloadTooLarge, echo
+from shared.protocol.openai import Batch, FileObject, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
 from shared.storage import ObjectStore, file_key
@@ -59,7 +62,7 @@ class FileService:
     def _check_upload(self, filename: str, purpose: str, size: int | None, expires_after: int | None) -> None:
         if purpose not in PURPOSES:
             raise InvalidRequest(
-                f"Invalid purpose {purpose!r}; expected one of {sorted(PURPOSES)}.",
+                f"Invalid purpose {echo(purpose)}; expected one of {sorted(PURPOSES)}.",
                 param="purpose",
                 code="invalid_value",
             )
@@ -83,7 +86,7 @@ class FileService:
         """The file's document, as its project sees it: deleted or expired files are not found."""
         doc = await self.documents.visible(project, file_id)
         if doc is None:
-            raise NotFound(f"No such File object: {file_id}", param="file_id")
+            raise NotFound.no_such("File", file_id, "file_id")
         return doc
 
     async def get(self, project: str, file_id: str) -> FileObject:
@@ -94,7 +97,7 @@ class FileService:
     ) -> ListObject:
         anchor = (await self.document(project, after)).sort_key if after else None
         docs = await self.documents.page(project, purpose, limit + 1, order == "desc", anchor)
-        return page([d.public() for d in docs], limit)
+        return page([d.public() for d in docs], limit, self.settings.max_list_bytes)
 
     async def delete(self, project: str, file_id: str) -> None:
         """Delete a file; one a running batch still reads is hidden now and its bytes kept.
@@ -115,12 +118,30 @@ class FileService:
         return doc, self.store.iter_chunks(doc.object_key)
 
 
-def page(items: list[Any], limit: int) -> ListObject:
-    """A list object from up to ``limit + 1`` items (the extra one only says there is more)."""
-    data = items[:limit]
+def page(items: Sequence[FileObject | Batch], limit: int, max_bytes: int) -> ListObject:
+    """A list object from up to ``limit + 1`` items (the extra one only says there is more),
+    ending before the item that would take its items past ``max_bytes`` of JSON (the first is
+    always in): a short page says ``has_more``, and ``after=<last_id>`` reads on from it."""
+    data = within_budget(items[:limit], max_bytes)
     return ListObject(
         data=data,
-        has_more=len(items) > limit,
+        has_more=len(items) > len(data),
         first_id=data[0].id if data else None,
         last_id=data[-1].id if data else None,
     )
+
+
+Item = TypeVar("Item", bound=BaseModel)
+
+
+def within_budget(items: Sequence[Item], max_bytes: int) -> list[Item]:
+    """The first of ``items`` whose JSON takes at most ``max_bytes`` in all; always the first one,
+    whatever its size, so a page moves on."""
+    kept: list[Item] = []
+    used = 0
+    for item in items:
+        used += len(to_json(item)) + 1  # + the comma between items
+        if kept and used > max_bytes:
+            break
+        kept.append(item)
+    return kept

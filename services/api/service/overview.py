@@ -22,7 +22,7 @@ class OverviewService:
     async def progress(self, project: str, batch_id: str) -> BatchProgress:
         found = await self.batches.progress(batch_id, project)
         if found is None:
-            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+            raise NotFound.no_such("Batch", batch_id, "batch_id")
         total, samples = found
         return BatchProgress(
             batch_id=batch_id,

@@ -39,7 +39,7 @@ class PartialOutputService:
         """Look the batch up (404 before any byte is sent), then return the byte stream."""
         batch = await self.batches.get(batch_id, project)
         if batch is None:
-            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+            raise NotFound.no_such("Batch", batch_id, "batch_id")
         if batch.status in TERMINAL:
             return self._final_file(batch, kind)
         return self._chunks(batch_id, kind)

@@ -26,7 +26,7 @@ from services.api.service.batches import MAX_METADATA_PAIRS, BatchService
 from services.api.service.error_lines import error_lines, matches
 from services.api.service.files import FileService
 from services.api.service.partial import PartialOutputService
-from shared.errors import Conflict, InvalidRequest
+from shared.errors import Conflict, InvalidRequest, echo
 from shared.input_lines import is_request, split_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.batch_input import UTF8_BOM
@@ -56,7 +56,7 @@ class RetryService:
         source = await self.files.document(project, parent.input_file_id)  # 404 once deleted
         if parent.error_file_id:  # 404 once deleted or expired, not "no error lines"
             await self.files.document(project, parent.error_file_id)
-        which = f" with code {', '.join(codes)}" if codes else ""
+        which = f" with code {echo(', '.join(codes), quote=False)}" if codes else ""
         nothing = InvalidRequest(
             f"Batch {batch_id} has no error lines{which} to retry.", param="codes", code="no_error_lines"
         )

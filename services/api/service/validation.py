@@ -16,13 +16,16 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from services.api.dispatch.order import RUN_BYTES, OrderBuilder, PartOrders, prompt_text
 from services.api.spill import SortedRuns
+from shared.errors import echo
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
 from shared.seen_lines import MAX_LINE_NUMBER
+from shared.settings import ApiSettings
 from shared.stores.models import MODEL_NOT_FOUND, ServedModel
 
 ID_RUN_BYTES = RUN_BYTES
@@ -84,6 +87,7 @@ class InputValidator:
     known_models: Mapping[str, ServedModel]  # the models and adapters lines may name
     max_lines: int
     max_reported_errors: int
+    max_reported_error_bytes: int = ApiSettings.model_fields["max_reported_error_bytes"].default
     order: OrderBuilder | None = None  # fed each line's prompt prefix (the dispatch order)
     parts: PartOrders | None = None
     """A mixed batch's (``mixed_models``): lines may name any served model or adapter; each goes
@@ -125,7 +129,11 @@ class InputValidator:
             )
         elif self.parts is not None and self._report.served_lines == 0 and self._report.ok:
             self._error(None, MODEL_NOT_FOUND, "No line names a model that a worker serves.", "body.model")
-        return self._report
+        report = self._report
+        report.errors = listed(
+            report.errors, report.error_count, self.max_reported_errors, self.max_reported_error_bytes
+        )
+        return report
 
     def _report_repeats(self) -> None:
         """Every line whose custom_id an earlier line has, merged into the errors in line order
@@ -137,7 +145,7 @@ class InputValidator:
         found = [
             BatchError(
                 code="duplicate_custom_id",
-                message=f"custom_id {custom_id!r} is not unique.",
+                message=f"custom_id {echo(custom_id)} is not unique.",
                 param="custom_id",
                 line=number,
             )
@@ -197,7 +205,7 @@ class InputValidator:
             self._error(
                 number,
                 "invalid_url",
-                f"The url {url!r} does not match the batch endpoint {self.endpoint!r}.",
+                f"The url {echo(url)} does not match the batch endpoint {self.endpoint!r}.",
                 "url",
             )
         body = item.get("body")
@@ -227,7 +235,7 @@ class InputValidator:
             self._report.served_lines += 1
             self._check_token_limit(number, body, known.max_context_length)
         elif self.parts is None:  # in a mixed batch, the line's own error result
-            self._error(number, MODEL_NOT_FOUND, f"The model {model!r} does not exist.", "body.model")
+            self._error(number, MODEL_NOT_FOUND, f"The model {echo(model)} does not exist.", "body.model")
         if self._report.model is None:
             self._report.model = model
             self._report.base = known.base if known else None
@@ -235,7 +243,7 @@ class InputValidator:
             self._error(
                 number,
                 "mismatched_model",
-                f"Every line must use the same model; saw {model!r} after {self._report.model!r}.",
+                f"Every line must use the same model; saw {echo(model)} after {echo(self._report.model)}.",
                 "body.model",
             )
 
@@ -274,6 +282,34 @@ class InputValidator:
                 f"{name} {requested} exceeds the model's context length of {context}.",
                 f"body.{name}",
             )
+
+
+ERRORS_TRUNCATED = "errors_truncated"
+"""The code of the last entry of a failed batch's ``errors.data`` when errors were left out."""
+
+
+def listed(errors: list[BatchError], total: int, max_entries: int, max_bytes: int) -> list[BatchError]:
+    """The errors a failed batch lists: the first of ``errors`` (``total`` in all), at most
+    ``max_entries`` entries and ``max_bytes`` bytes of JSON; when any is left out, the last entry
+    (``ERRORS_TRUNCATED``, OpenAI's shape) says how many there were in all."""
+    if max_entries <= 0:
+        return []
+    sizes = [len(to_json(e)) + 1 for e in errors]  # + a comma (or a bracket) each
+    if total == len(errors) <= max_entries and sum(sizes) + 1 <= max_bytes:
+        return errors
+    room = max_bytes - len(to_json(_left_out(total, total))) - 2
+    kept: list[BatchError] = []
+    for error, size in zip(errors, sizes, strict=True):
+        if len(kept) == max_entries - 1 or size > room:
+            break
+        kept.append(error)
+        room -= size
+    return [*kept, _left_out(total, len(kept))]
+
+
+def _left_out(total: int, shown: int) -> BatchError:
+    message = f"The input file has {total} errors in all; the first {shown} are listed."
+    return BatchError(code=ERRORS_TRUNCATED, message=message)
 
 
 MAX_DEPTH = 254

@@ -23,6 +23,10 @@ from typing import Any
 # The corpus stack's caps (set through its environment), small so the "too big" cases stay cheap.
 BYTE_CAP = 12 * 1024 * 1024
 LINE_CAP = 1000  # the corpus stack's max_batch_lines (the default, 1,000,000, is a benchmark's size)
+LIST_BYTES = 8 * 1024  # the corpus stack's max_list_bytes: its lists of the corpus take pages
+LONG = "y" * 15_000  # a client's value no message may echo whole
+URL_LONG = LONG[:8000]  # in a path or query: the server reads at most 16 KiB of request head
+ECHOED_BYTES = 2048  # the most an error answer, or one line's error entry, may take
 MODEL = "corpus-fake"
 CHAT = "/v1/chat/completions"
 
@@ -426,6 +430,53 @@ REQUEST_CASES: list[RequestCase] = [
         "metadata",
         kwargs=_create(metadata={f"k{i}": "v" for i in range(17)}),
     ),
+    RequestCase("file-huge-id", "GET", "/v1/files/" + URL_LONG, 404, "not_found", "file_id"),
+    RequestCase("model-huge-id", "GET", "/v1/models/" + URL_LONG, 404, "model_not_found", "model"),
+    RequestCase("batches-status-huge", "GET", "/v1/batches?status=" + URL_LONG, 400, None, "status"),
+    RequestCase(
+        "create-unknown-parameter",
+        "POST",
+        "/v1/batches",
+        400,
+        "unknown_parameter",
+        "mixed_modles",
+        kwargs=_create(mixed_modles=True),
+    ),
+    RequestCase(
+        "create-unknown-nested-parameter",
+        "POST",
+        "/v1/batches",
+        400,
+        "unknown_parameter",
+        "output_expires_after.secs",
+        kwargs=_create(output_expires_after={"anchor": "created_at", "secs": 3600}),
+    ),
+    RequestCase(
+        "create-huge-unknown-parameter",
+        "POST",
+        "/v1/batches",
+        400,
+        "unknown_parameter",
+        kwargs=_create(**{LONG: 1}),
+    ),
+    RequestCase(
+        "create-huge-endpoint",
+        "POST",
+        "/v1/batches",
+        400,
+        "invalid_value",
+        "endpoint",
+        kwargs=_create(endpoint=LONG),
+    ),
+    RequestCase(
+        "retry-unknown-parameter",
+        "POST",
+        "/v1/batches/{own_batch}/retry",
+        400,
+        "unknown_parameter",
+        "code",
+        kwargs={"json": {"code": ["400"]}},
+    ),
     RequestCase(
         "create-output-expiry-too-short",
         "POST",
@@ -587,6 +638,15 @@ FILE_CASES: list[FileCase] = [
         lambda: dump(line()).replace(b'"max_tokens": 4', b'"max_tokens": ' + b"9" * 5000),
         [(1, "invalid_json_line")],
     ),
+    # echoes: a client's long value is quoted cut short (``ECHOED_BYTES``)
+    FileCase("huge-model-name", lambda: dump(line(body=body(model=LONG))), [(1, "model_not_found")]),
+    FileCase(
+        "huge-model-name-after-another",
+        lambda: dump(line("a"), line("b", body=body(model=LONG))),
+        [(2, "model_not_found"), (2, "mismatched_model")],
+    ),
+    FileCase("huge-custom-id-repeated", lambda: dump(line(LONG), line(LONG)), [(2, "duplicate_custom_id")]),
+    FileCase("huge-url", lambda: dump(line(url=LONG)), [(1, "invalid_url")]),
     FileCase(
         "every-line-bad-reports-each",
         lambda: b"x\n" * 5,

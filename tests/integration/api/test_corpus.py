@@ -20,8 +20,10 @@ from deploy.local import ModelSpec, Stack
 from tests.integration.api.corpus import (
     BYTE_CAP,
     CHAT,
+    ECHOED_BYTES,
     FILE_CASES,
     LINE_CAP,
+    LIST_BYTES,
     MODEL,
     REQUEST_CASES,
     FileCase,
@@ -43,6 +45,7 @@ def corpus_stack(own_stack: OwnStack) -> Iterator[Stack]:
         "BATCHSTREAM_API_MAX_BATCH_INPUT_BYTES": str(BYTE_CAP),
         "BATCHSTREAM_API_MAX_BATCH_LINES": str(LINE_CAP),
         "BATCHSTREAM_API_MAX_FILE_BYTES": str(BYTE_CAP),
+        "BATCHSTREAM_API_MAX_LIST_BYTES": str(LIST_BYTES),
     }
     with own_stack("corpus", ["api", "aggregator", model.component], models=[model], extra_env=env) as stack:
         yield stack
@@ -119,6 +122,7 @@ def test_a_malformed_request_gets_its_status_and_code(
     response = api.request(case.method, fill(case.path, ids), headers=headers, **kwargs)
     assert time.monotonic() - started < 10, "a bad request must be answered at once"
     assert_error(response, case.status, case.code, case.param)
+    assert len(response.content) <= ECHOED_BYTES, "an answer quotes a client's value only cut short"
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c.xfail)) for c in FILE_CASES])
@@ -139,6 +143,7 @@ def test_a_malformed_input_file_fails_its_batch_with_its_line_errors(
         assert (counts["completed"], counts["failed"]) == (case.completed, 0), batch
         return
     assert batch["status"] == "failed", batch
+    assert all(len(json.dumps(e)) <= ECHOED_BYTES for e in batch["errors"]["data"]), batch["errors"]
     found = [(e["line"], e["code"]) for e in batch["errors"]["data"]]
     assert found[: len(case.codes)] == case.codes, batch["errors"]
 
@@ -160,3 +165,30 @@ def test_after_the_corpus_the_same_api_is_healthy_and_completes_a_batch(
     output = api.get(f"/v1/files/{batch['output_file_id']}/content", headers=auth(keys, "own")).text
     found = sorted(json.loads(x)["custom_id"] for x in output.split("\n") if x)
     assert found == sorted(f"after-{n}" for n in range(20))
+
+
+def pages(api: httpx.Client, keys: dict[str, str], path: str, limit: int) -> list[list[dict[str, Any]]]:
+    """Every page of a list, each read ``after`` the last one's ``last_id``."""
+    found, after = [], None
+    while True:
+        params = {"limit": limit, **({"after": after} if after else {})}
+        listed = api.get(path, params=params, headers=auth(keys, "own")).json()
+        found.append(listed["data"])
+        if not listed["has_more"]:
+            return found
+        after = listed["last_id"]
+
+
+@pytest.mark.parametrize(("path", "limit"), [("/v1/batches", 100), ("/v1/files", 10_000)])
+def test_the_corpus_lists_in_pages_within_the_budget_that_reach_every_item(
+    api: httpx.Client, keys: dict[str, str], api_pid: int, path: str, limit: int
+) -> None:
+    budgeted = pages(api, keys, path, limit)
+    assert len(budgeted) > 1, "the corpus's objects should take more than one page of LIST_BYTES"
+    for page in budgeted:
+        size = len(json.dumps(page, ensure_ascii=False, separators=(",", ":")).encode())
+        assert len(page) == 1 or size <= LIST_BYTES, (len(page), size)
+    one_by_one = pages(api, keys, path, 1)
+    assert [item["id"] for page in budgeted for item in page] == [
+        item["id"] for page in one_by_one for item in page
+    ]

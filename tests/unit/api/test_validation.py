@@ -6,8 +6,11 @@ import json
 from typing import Any
 
 import pytest
+from pydantic_core import to_json
 
-from services.api.service.validation import CustomIdCheck, InputValidator, ValidationReport
+from services.api.service.validation import CustomIdCheck, InputValidator, ValidationReport, listed
+from shared.errors import ECHO_CHARS
+from shared.protocol.openai import BatchError
 from tests.support.lines import file_request_lines, served
 
 ENDPOINT = "/v1/chat/completions"
@@ -162,8 +165,10 @@ async def test_repeats_spilled_across_runs_are_all_counted_and_the_first_ones_re
     items = [line(f"id-{i % 700}") for i in range(2000)]
     report = await validator.run(file_request_lines(items))
     assert report.error_count == 2000 - 700
-    assert [e.line for e in report.errors] == [701, 702, 703, 704, 705]
-    assert {e.code for e in report.errors} == {"duplicate_custom_id"}
+    assert [e.line for e in report.errors] == [701, 702, 703, 704, None]  # the last says how many
+    assert {e.code for e in report.errors[:-1]} == {"duplicate_custom_id"}
+    assert report.errors[-1].code == "errors_truncated"
+    assert report.errors[-1].message == "The input file has 1300 errors in all; the first 4 are listed."
 
 
 async def test_a_file_past_the_largest_line_number_fails_however_few_requests_it_has(
@@ -196,3 +201,61 @@ async def test_a_line_nested_deeper_than_a_request_message_can_carry_fails() -> 
     report = await validate([line("a", body=deep), line("b", body=shallow), line("c", body=many_brackets)])
     assert codes(report) == [(1, "invalid_request", "body")]
     assert report.errors[0].message == "This line is nested too deeply to be sent on."
+
+
+LONG = 15_000  # characters of a client's value a line echoes (a model name, a custom_id)
+
+
+async def test_lines_echoing_long_strings_make_a_small_errors_list() -> None:
+    """1,000 lines naming a 15 KB model, half of them repeating a 15 KB custom_id: every message
+    quotes the values cut short, and the list stays within its byte cap, its last entry saying
+    how many errors there were in all."""
+    long_id, long_model = "c" * LONG, "m" * LONG
+    items = [
+        line(long_id if i % 2 else f"id-{i}", url="u" * LONG, body={"model": long_model}) for i in range(1000)
+    ]
+    validator = InputValidator(ENDPOINT, served(m=1024), 1000, 1000, max_reported_error_bytes=64 * 1024)
+    report = await validator.run(file_request_lines(items))
+    assert report.error_count > 1000
+    assert len(to_json(report.errors)) <= 64 * 1024
+    assert all(len(e.message) < 3 * ECHO_CHARS for e in report.errors)
+    assert {e.code for e in report.errors[:-1]} >= {"invalid_url", "model_not_found", "duplicate_custom_id"}
+    shown = len(report.errors) - 1
+    note = f"The input file has {report.error_count} errors in all; the first {shown} are listed."
+    assert (report.errors[-1].code, report.errors[-1].message) == ("errors_truncated", note)
+    assert f"… ({LONG} characters)" in report.errors[0].message
+
+
+def errors(count: int, message: str = "bad") -> list[BatchError]:
+    return [
+        BatchError(code="invalid_request", message=message, param="body", line=n) for n in range(1, count + 1)
+    ]
+
+
+def test_errors_that_fit_are_listed_as_they_are() -> None:
+    assert listed(errors(3), 3, 10, 10_000) == errors(3)
+
+
+def test_errors_over_the_entry_cap_end_with_a_note_within_the_cap() -> None:
+    kept = listed(errors(10), 1500, 5, 10_000)
+    assert [e.line for e in kept] == [1, 2, 3, 4, None]
+    assert kept[-1].message == "The input file has 1500 errors in all; the first 4 are listed."
+
+
+def test_errors_over_the_byte_cap_keep_the_first_that_fit_with_the_note() -> None:
+    many = errors(100, "x" * 200)
+    kept = listed(many, 100, 1000, 4096)
+    assert 1 < len(kept) < 100 and kept[:-1] == many[: len(kept) - 1]
+    assert len(to_json(kept)) <= 4096
+    assert kept[-1].code == "errors_truncated" and kept[-1].line is None
+
+
+def test_errors_left_out_before_the_cap_are_still_announced() -> None:
+    """The validator keeps the first ``max_reported_errors``; the count says more were found."""
+    kept = listed(errors(3), 7, 10, 10_000)
+    assert [e.line for e in kept] == [1, 2, 3, None]
+    assert "7 errors in all" in kept[-1].message
+
+
+def test_no_entry_is_listed_when_none_may_be() -> None:
+    assert listed(errors(3), 3, 0, 10_000) == []
