@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Annotated, Any
 
 from pydantic import (
@@ -55,13 +56,36 @@ MongoUrl = Annotated[str, _url_text(MongoDsn, "a MongoDB uri must be mongodb[+sr
 WebhookUrl = Annotated[str, _url_text(HttpUrl, "a webhook url must be http(s)://host/...")]
 
 
+MIN_SECRET_CHARS = 20
+"""Shortest API key or S3 secret a service accepts outside development (the keys
+``batchstream keys create`` makes have 49 characters)."""
+PLACEHOLDER_WORDS = ("replace", "change", "example", "placeholder", "secret", "password", "default", "test")
+"""A secret made of one of these words (any case, with digits or punctuation around it) is a
+placeholder someone forgot to replace, e.g. the Kubernetes manifests' ``replace-me``."""
+
+
+def weak_secret(secret: str) -> str | None:
+    """Why ``secret`` must not guard a shared deployment (None when it may): the well-known local
+    secrets, a placeholder, or fewer than ``MIN_SECRET_CHARS`` characters. Never echoes it."""
+    text = secret.strip()
+    if text in (DEV_API_KEY, DEV_S3_SECRET):
+        return "is the local stack's well-known secret"
+    letters = re.sub(r"[^a-z]", "", text.lower())
+    if not letters or any(letters == word or letters == word + "me" for word in PLACEHOLDER_WORDS):
+        return "is a placeholder"
+    if len(text) < MIN_SECRET_CHARS:
+        return f"is shorter than {MIN_SECRET_CHARS} characters"
+    return None
+
+
 class RuntimeSettings(BaseSettings):
     """Where the process runs: ``development`` allows the well-known local secrets."""
 
     model_config = _config("")
     environment: str = "development"
-    """``development`` or ``test`` accept the well-known local API key and S3 secret; any other
-    value (e.g. ``production``) makes every service refuse to start with them."""
+    """``development`` or ``test`` accept any API key and S3 secret; any other value (e.g.
+    ``production``) makes every service refuse to start while one configured API key, or the S3
+    secret, is the local stack's, a placeholder (``replace-me``) or shorter than 20 characters."""
     log_level: str = "INFO"
     """Python log level; logs are JSON lines on stderr."""
 
@@ -70,13 +94,25 @@ class RuntimeSettings(BaseSettings):
         return self.environment in {"development", "test"}
 
     @model_validator(mode="after")
-    def _no_local_secrets_outside_development(self) -> RuntimeSettings:
-        """Every service reads these settings first, so none starts with the well-known local
-        secrets outside development."""
+    def _no_weak_secrets_outside_development(self) -> RuntimeSettings:
+        """Every service reads these settings first, so none starts with a weak secret outside
+        development. Each configured key is checked alone (``key`` or ``key=project``)."""
         if self.is_development:
             return self
-        if ApiSettings().keys == DEV_API_KEY or StorageSettings().secret_key == DEV_S3_SECRET:
-            raise ValueError("set BATCHSTREAM_API_KEYS and BATCHSTREAM_S3_SECRET_KEY outside development")
+        problems = [
+            f"API key #{i} of BATCHSTREAM_API_KEYS {why}"
+            for i, key in enumerate(ApiSettings().project_by_key(), start=1)
+            if (why := weak_secret(key)) is not None
+        ]
+        if not ApiSettings().project_by_key():
+            problems.append("BATCHSTREAM_API_KEYS holds no key")
+        if (why := weak_secret(StorageSettings().secret_key)) is not None:
+            problems.append(f"BATCHSTREAM_S3_SECRET_KEY {why}")
+        if problems:
+            raise ValueError(
+                f"outside development (BATCHSTREAM_ENVIRONMENT={self.environment}) every secret must "
+                f"be real: {'; '.join(problems)}"
+            )
         return self
 
 
@@ -176,9 +212,9 @@ class ApiSettings(BaseSettings):
         """Map each configured key to its project (``default`` unless named)."""
         projects: dict[str, str] = {}
         for item in self.keys.split(","):
-            key, _, project = item.strip().partition("=")
-            if key:
-                projects[key] = project or "default"
+            key, _, project = item.partition("=")
+            if key.strip():
+                projects[key.strip()] = project.strip() or "default"
         return projects
 
 
