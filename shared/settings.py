@@ -307,6 +307,11 @@ class WebhookSettings(BaseSettings):
     ``timeout_s``), so two workers never send the same attempt at once."""
     concurrency: int = Field(default=8, ge=1)
     """Events one aggregator sends at once."""
+    allow_private_targets: bool = False
+    """Send events to loopback, link-local, private and other non-public addresses too (checked on
+    every address a name resolves to, on the connection made). Off, such an event is given up at
+    once: a project's endpoint cannot reach the cluster's internal hosts or cloud metadata.
+    Redirects are never followed either way."""
     missed_end_after_s: float = Field(default=30.0, gt=0)
     """A batch that ended this long ago and whose event was never recorded (the process that
     ended it was killed between the two writes) gets its event recorded by the aggregator."""

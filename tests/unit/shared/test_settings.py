@@ -7,7 +7,6 @@ import pytest
 
 from shared.settings import DEV_API_KEY, DEV_S3_SECRET, ApiSettings, MongoSettings, RuntimeSettings
 
-
 STRONG_KEY = "sk-bs-4f9c2a7e1d8b3c6a5f0e9d2c"
 STRONG_S3 = "Zr8qL2vX9mN4pT7wK1yB6"
 
@@ -48,7 +47,9 @@ def test_outside_development_each_weak_key_is_refused_alone(
 
 
 @pytest.mark.parametrize("secret", ["replace-me", DEV_S3_SECRET, "short-secret"])
-def test_outside_development_a_weak_s3_secret_is_refused(monkeypatch: pytest.MonkeyPatch, secret: str) -> None:
+def test_outside_development_a_weak_s3_secret_is_refused(
+    monkeypatch: pytest.MonkeyPatch, secret: str
+) -> None:
     monkeypatch.setenv("BATCHSTREAM_ENVIRONMENT", "production")
     monkeypatch.setenv("BATCHSTREAM_API_KEYS", STRONG_KEY)
     monkeypatch.setenv("BATCHSTREAM_S3_SECRET_KEY", secret)
