@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deploy.check_dashboard import problems
 from deploy.compose_gpus import gpu_services
@@ -153,6 +154,21 @@ def test_compose_exposes_metrics_and_waits_for_a_primary() -> None:
     assert "BATCHSTREAM_INFERENCE_HEALTH_HOST: 0.0.0.0" in compose
     assert "isWritablePrimary" in compose
     assert "image: minio/minio" not in compose and "quay.io/minio/minio:RELEASE." in compose
+
+
+def test_compose_publishes_on_loopback_unless_told_and_keeps_no_default_admin_secrets() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    published = {name: svc.get("ports", []) for name, svc in compose["services"].items() if svc.get("ports")}
+    assert set(published) == {"kafka", "api", "prometheus", "grafana"}  # not the S3 server
+    for name, ports in published.items():
+        for port in ports:
+            assert str(port).startswith("${BATCHSTREAM_BIND_ADDRESS:-127.0.0.1}:"), (name, port)
+    s3 = compose["services"]["s3"]
+    assert "--console-address" not in s3["command"] and s3["environment"]["MINIO_BROWSER"] == "off"
+    password = compose["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?")  # no default: compose refuses without one
+    example = (ROOT / ".env.example").read_text()
+    assert "GRAFANA_ADMIN_PASSWORD=\n" in example and "BATCHSTREAM_BIND_ADDRESS=127.0.0.1" in example
 
 
 def test_the_default_model_needs_no_token() -> None:
