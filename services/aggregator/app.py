@@ -38,7 +38,14 @@ def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
         broker_commit_interval=config.commit_interval_s,
         producer_max_batch_size=config.producer_max_batch_size,
         stream_buffer_maxsize=config.stream_buffer_maxsize,
-        web_enabled=True,
+        web_enabled=True,  # /livez, /readyz, /health and /metrics (web.py)
+        # faust's own views list the table's keys (batch ids of every project) and the cluster's
+        # layout to anyone who reaches the port: off.
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
+        web_metrics_enabled=False,
         web_bind=config.web_host,
         web_port=config.web_port,
         web_host=config.web_host,
