@@ -178,6 +178,12 @@ class ApiSettings(BaseSettings):
     """Address the api listens on."""
     port: int = 10900
     """Port the api listens on."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the api's Prometheus ``/metrics`` server (``0.0.0.0`` in a container, so the
+    scraper reaches it)."""
+    metrics_port: int = Field(default=10901, ge=0)
+    """Port of that server, apart from the api's own: its series name projects and their queues,
+    so it is reachable by the scraper, not by the api's users (0: no metrics server)."""
     keys: str = DEV_API_KEY
     """Comma-separated API keys, each ``key`` or ``key=project`` (a bare key belongs to project
     ``default``); hashed at start-up. The default is refused outside development."""
