@@ -258,6 +258,21 @@ class AggregatorSettings(BaseSettings):
     the cancel timeout."""
 
 
+class MediaSettings(BaseSettings):
+    """Media URLs in request lines (images, audio, video): what the workers may fetch."""
+
+    model_config = _config("MEDIA_")
+    allowed_domains: str = ""
+    """Comma-separated host names whose ``http(s)`` media URLs the engine may fetch (exact names,
+    e.g. ``images.example.com``); ``data:`` URLs are always taken. Empty: ``data:`` URLs only. A
+    line naming another URL is refused at validation (and by the worker, for direct-Kafka
+    requests); vLLM gets the same list and fetches without following redirects."""
+
+    @property
+    def domains(self) -> frozenset[str]:
+        return frozenset(d.strip().lower() for d in self.allowed_domains.split(",") if d.strip())
+
+
 WEBHOOK_SECRET_PREFIX = "whsec_"
 
 
