@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -133,6 +133,27 @@ class KafkaSettings(BaseSettings):
     created: the most aggregator workers that share the work."""
     replication_factor: int = 1
     """Replication factor of the topics a service creates."""
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = "PLAINTEXT"
+    """How every client of this service reaches the brokers: ``SASL_SSL`` (a user and password over
+    TLS) on a shared cluster with ACLs (docs/deployment.md, "Kafka access"); ``PLAINTEXT`` for the
+    local stack."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    """SASL mechanism, with a ``SASL_*`` protocol."""
+    sasl_username: str = ""
+    """This service's Kafka user (its ACLs say what it may read and write)."""
+    sasl_password: str = Field(default="", repr=False)
+    """That user's password."""
+    ssl_cafile: str = ""
+    """CA bundle that signed the brokers' certificates (``SSL`` / ``SASL_SSL``); empty: the system's."""
+
+    @model_validator(mode="after")
+    def _sasl_needs_a_user(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and not (self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"BATCHSTREAM_KAFKA_SECURITY_PROTOCOL={self.security_protocol} needs "
+                "BATCHSTREAM_KAFKA_SASL_USERNAME and BATCHSTREAM_KAFKA_SASL_PASSWORD"
+            )
+        return self
 
 
 class MongoSettings(BaseSettings):
