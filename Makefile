@@ -150,12 +150,18 @@ format: $(VENV)/.editable-installed
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# Offline: no Docker engine, cluster or network needed (docs/deployment.md).
+# Offline: no Docker engine, cluster or network needed (docs/deployment.md). Compose must refuse
+# to start without its secrets (Grafana's and Kafka's passwords: no defaults), so the check gives
+# it placeholders.
 K8S_OVERLAYS := $(wildcard deploy/k8s/overlays/*)
 check-deploy: $(VENV_CHECK)/.lock-installed
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	set -x; \
 	$(VENV_CHECK)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml; \
+	! $(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml config -q 2> /dev/null; \
+	export GRAFANA_ADMIN_PASSWORD=offline-check KAFKA_ADMIN_PASSWORD=offline-check KAFKA_API_PASSWORD=offline-check \
+		KAFKA_INFERENCE_PASSWORD=offline-check KAFKA_AGGREGATOR_PASSWORD=offline-check \
+		KAFKA_EXPORTER_PASSWORD=offline-check KAFKA_PIPELINE_PASSWORD=offline-check; \
 	$(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml config > "$$tmp/compose.yml"; \
 	$(VENV_CHECK)/bin/python -c 'import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)' \
 		< "$$tmp/compose.yml" | $(VENV_CHECK)/bin/python deploy/compose_gpus.py 3 > "$$tmp/compose.gpus.json"; \

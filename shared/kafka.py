@@ -11,6 +11,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from pydantic import BaseModel
 
@@ -75,10 +76,30 @@ class CachedPartitioner:
         return all_partitions[index % len(all_partitions)]
 
 
+def connection(settings: KafkaSettings) -> dict[str, Any]:
+    """How every aiokafka client (producer, consumer, admin) reaches the cluster: the brokers and,
+    where the cluster asks for them, TLS and a SASL user (``KafkaSettings.security_protocol``)."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "security_protocol": settings.security_protocol,
+    }
+    if settings.security_protocol.startswith("SASL"):
+        options["sasl_mechanism"] = settings.sasl_mechanism
+        options["sasl_plain_username"] = settings.sasl_username
+        options["sasl_plain_password"] = settings.sasl_password
+    if settings.security_protocol.endswith("SSL"):
+        options["ssl_context"] = create_ssl_context(cafile=settings.ssl_cafile or None)
+    return options
+
+
+def make_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**connection(settings))
+
+
 def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = {
         "partitioner": CachedPartitioner(),
-        "bootstrap_servers": settings.bootstrap_servers,
+        **connection(settings),
         "acks": "all",
         "linger_ms": 5,
         "max_batch_size": 1024 * 1024,
@@ -104,7 +125,7 @@ async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
         NewTopic(requests_topic(settings, m), settings.request_partitions, settings.replication_factor)
         for m in models
     ]
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = make_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -123,7 +144,7 @@ async def wait_for_kafka(settings: KafkaSettings, timeout_s: float = 30.0) -> No
     """Wait until the cluster answers metadata requests."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+        admin = make_admin(settings)
         try:
             await admin.start()
             await admin.list_topics()

@@ -27,11 +27,11 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from shared.ids import batch_request_id
-from shared.kafka import encode, make_producer
+from shared.kafka import connection, encode, make_admin, make_producer
 from shared.protocol.messages import RequestMessage, ResultMessage, SamplingDefaults
 from shared.settings import KafkaSettings
 from shared.topics import requests_topic
@@ -69,7 +69,7 @@ class KafkaRequestClient:
 
     async def ensure_reply_topic(self) -> None:
         """Create the reply topic unless it exists (a cluster may not create topics on first use)."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap_servers)
+        admin = make_admin(self.settings)
         await admin.start()
         try:
             if self.reply_topic not in set(await admin.list_topics()):
@@ -133,7 +133,7 @@ class KafkaRequestClient:
         if self._consumer is None:
             self._consumer = AIOKafkaConsumer(
                 self.reply_topic,
-                bootstrap_servers=self.settings.bootstrap_servers,
+                **connection(self.settings),
                 group_id=self.group_id,
                 auto_offset_reset="earliest",
                 enable_auto_commit=False,

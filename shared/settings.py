@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -55,13 +56,36 @@ MongoUrl = Annotated[str, _url_text(MongoDsn, "a MongoDB uri must be mongodb[+sr
 WebhookUrl = Annotated[str, _url_text(HttpUrl, "a webhook url must be http(s)://host/...")]
 
 
+MIN_SECRET_CHARS = 20
+"""Shortest API key or S3 secret a service accepts outside development (the keys
+``batchstream keys create`` makes have 49 characters)."""
+PLACEHOLDER_WORDS = ("replace", "change", "example", "placeholder", "secret", "password", "default", "test")
+"""A secret made of one of these words (any case, with digits or punctuation around it) is a
+placeholder someone forgot to replace, e.g. the Kubernetes manifests' ``replace-me``."""
+
+
+def weak_secret(secret: str) -> str | None:
+    """Why ``secret`` must not guard a shared deployment (None when it may): the well-known local
+    secrets, a placeholder, or fewer than ``MIN_SECRET_CHARS`` characters. Never echoes it."""
+    text = secret.strip()
+    if text in (DEV_API_KEY, DEV_S3_SECRET):
+        return "is the local stack's well-known secret"
+    letters = re.sub(r"[^a-z]", "", text.lower())
+    if not letters or any(letters == word or letters == word + "me" for word in PLACEHOLDER_WORDS):
+        return "is a placeholder"
+    if len(text) < MIN_SECRET_CHARS:
+        return f"is shorter than {MIN_SECRET_CHARS} characters"
+    return None
+
+
 class RuntimeSettings(BaseSettings):
     """Where the process runs: ``development`` allows the well-known local secrets."""
 
     model_config = _config("")
     environment: str = "development"
-    """``development`` or ``test`` accept the well-known local API key and S3 secret; any other
-    value (e.g. ``production``) makes every service refuse to start with them."""
+    """``development`` or ``test`` accept any API key and S3 secret; any other value (e.g.
+    ``production``) makes every service refuse to start while one configured API key, or the S3
+    secret, is the local stack's, a placeholder (``replace-me``) or shorter than 20 characters."""
     log_level: str = "INFO"
     """Python log level; logs are JSON lines on stderr."""
 
@@ -70,13 +94,25 @@ class RuntimeSettings(BaseSettings):
         return self.environment in {"development", "test"}
 
     @model_validator(mode="after")
-    def _no_local_secrets_outside_development(self) -> RuntimeSettings:
-        """Every service reads these settings first, so none starts with the well-known local
-        secrets outside development."""
+    def _no_weak_secrets_outside_development(self) -> RuntimeSettings:
+        """Every service reads these settings first, so none starts with a weak secret outside
+        development. Each configured key is checked alone (``key`` or ``key=project``)."""
         if self.is_development:
             return self
-        if ApiSettings().keys == DEV_API_KEY or StorageSettings().secret_key == DEV_S3_SECRET:
-            raise ValueError("set BATCHSTREAM_API_KEYS and BATCHSTREAM_S3_SECRET_KEY outside development")
+        problems = [
+            f"API key #{i} of BATCHSTREAM_API_KEYS {why}"
+            for i, key in enumerate(ApiSettings().project_by_key(), start=1)
+            if (why := weak_secret(key)) is not None
+        ]
+        if not ApiSettings().project_by_key():
+            problems.append("BATCHSTREAM_API_KEYS holds no key")
+        if (why := weak_secret(StorageSettings().secret_key)) is not None:
+            problems.append(f"BATCHSTREAM_S3_SECRET_KEY {why}")
+        if problems:
+            raise ValueError(
+                f"outside development (BATCHSTREAM_ENVIRONMENT={self.environment}) every secret must "
+                f"be real: {'; '.join(problems)}"
+            )
         return self
 
 
@@ -97,6 +133,27 @@ class KafkaSettings(BaseSettings):
     created: the most aggregator workers that share the work."""
     replication_factor: int = 1
     """Replication factor of the topics a service creates."""
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = "PLAINTEXT"
+    """How every client of this service reaches the brokers: ``SASL_SSL`` (a user and password over
+    TLS) on a shared cluster with ACLs (docs/deployment.md, "Kafka access"); ``PLAINTEXT`` for the
+    local stack."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    """SASL mechanism, with a ``SASL_*`` protocol."""
+    sasl_username: str = ""
+    """This service's Kafka user (its ACLs say what it may read and write)."""
+    sasl_password: str = Field(default="", repr=False)
+    """That user's password."""
+    ssl_cafile: str = ""
+    """CA bundle that signed the brokers' certificates (``SSL`` / ``SASL_SSL``); empty: the system's."""
+
+    @model_validator(mode="after")
+    def _sasl_needs_a_user(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and not (self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"BATCHSTREAM_KAFKA_SECURITY_PROTOCOL={self.security_protocol} needs "
+                "BATCHSTREAM_KAFKA_SASL_USERNAME and BATCHSTREAM_KAFKA_SASL_PASSWORD"
+            )
+        return self
 
 
 class MongoSettings(BaseSettings):
@@ -142,6 +199,12 @@ class ApiSettings(BaseSettings):
     """Address the api listens on."""
     port: int = 10900
     """Port the api listens on."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the api's Prometheus ``/metrics`` server (``0.0.0.0`` in a container, so the
+    scraper reaches it)."""
+    metrics_port: int = Field(default=10901, ge=0)
+    """Port of that server, apart from the api's own: its series name projects and their queues,
+    so it is reachable by the scraper, not by the api's users (0: no metrics server)."""
     keys: str = DEV_API_KEY
     """Comma-separated API keys, each ``key`` or ``key=project`` (a bare key belongs to project
     ``default``); hashed at start-up. The default is refused outside development."""
@@ -185,9 +248,9 @@ class ApiSettings(BaseSettings):
         """Map each configured key to its project (``default`` unless named)."""
         projects: dict[str, str] = {}
         for item in self.keys.split(","):
-            key, _, project = item.strip().partition("=")
-            if key:
-                projects[key] = project or "default"
+            key, _, project = item.partition("=")
+            if key.strip():
+                projects[key.strip()] = project.strip() or "default"
         return projects
 
 
@@ -223,6 +286,21 @@ class AggregatorSettings(BaseSettings):
     sweep_seconds: float = 5.0
     """How often the aggregator looks for batches to end: complete, expired, or cancelling past
     the cancel timeout."""
+
+
+class MediaSettings(BaseSettings):
+    """Media URLs in request lines (images, audio, video): what the workers may fetch."""
+
+    model_config = _config("MEDIA_")
+    allowed_domains: str = ""
+    """Comma-separated host names whose ``http(s)`` media URLs the engine may fetch (exact names,
+    e.g. ``images.example.com``); ``data:`` URLs are always taken. Empty: ``data:`` URLs only. A
+    line naming another URL is refused at validation (and by the worker, for direct-Kafka
+    requests); vLLM gets the same list and fetches without following redirects."""
+
+    @property
+    def domains(self) -> frozenset[str]:
+        return frozenset(d.strip().lower() for d in self.allowed_domains.split(",") if d.strip())
 
 
 WEBHOOK_SECRET_PREFIX = "whsec_"
@@ -280,6 +358,11 @@ class WebhookSettings(BaseSettings):
     ``timeout_s``), so two workers never send the same attempt at once."""
     concurrency: int = Field(default=8, ge=1)
     """Events one aggregator sends at once."""
+    allow_private_targets: bool = False
+    """Send events to loopback, link-local, private and other non-public addresses too (checked on
+    every address a name resolves to, on the connection made). Off, such an event is given up at
+    once: a project's endpoint cannot reach the cluster's internal hosts or cloud metadata.
+    Redirects are never followed either way."""
     missed_end_after_s: float = Field(default=30.0, gt=0)
     """A batch that ended this long ago and whose event was never recorded (the process that
     ended it was killed between the two writes) gets its event recorded by the aggregator."""

@@ -27,6 +27,7 @@ class Ports:
     s3_admin: int = 19646
     s3_metrics: int = 19327  # SeaweedFS's Prometheus metrics (no gRPC twin)
     api: int = 10900
+    api_metrics: int = 10901  # the api's Prometheus /metrics (a port of its own)
     aggregator: int = 10910
     inference: int = 10920  # the n-th model's worker uses inference + n
 
@@ -40,6 +41,7 @@ class Ports:
             mongo=urllib.parse.urlsplit(MongoSettings().uri).port or base.mongo,
             s3=_port(StorageSettings().endpoint, base.s3),
             api=ApiSettings().port,
+            api_metrics=ApiSettings().metrics_port,
             aggregator=AggregatorSettings().web_port,
         )
 

@@ -125,6 +125,7 @@ class Stack:
             "BATCHSTREAM_S3_REGION": self.storage.region,
             "BATCHSTREAM_API_HOST": "127.0.0.1",
             "BATCHSTREAM_API_PORT": str(p.api),
+            "BATCHSTREAM_API_METRICS_PORT": str(p.api_metrics),
             "BATCHSTREAM_API_KEYS": ApiSettings().keys,
             "BATCHSTREAM_AGGREGATOR_WEB_PORT": str(p.aggregator),
             "BATCHSTREAM_AGGREGATOR_DATA_DIR": str(self.data_dir / "aggregator"),

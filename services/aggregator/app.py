@@ -7,6 +7,8 @@ that order (no autodiscovery) and runs a worker.
 from __future__ import annotations
 
 import faust
+from aiokafka.helpers import create_ssl_context
+from faust.auth import SASLCredentials, SSLCredentials
 
 from services.aggregator.faust_adapter import install_transport
 from services.aggregator.settings import AggregatorConfig
@@ -17,12 +19,30 @@ def broker_urls(kafka: KafkaSettings) -> list[str]:
     return [f"kafka://{host.strip()}" for host in kafka.bootstrap_servers.split(",") if host.strip()]
 
 
+def broker_credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
+    """The aggregator's Kafka user and TLS, as ``shared.kafka.connection`` gives the other clients."""
+    context = (
+        create_ssl_context(cafile=kafka.ssl_cafile or None)
+        if kafka.security_protocol.endswith("SSL")
+        else None
+    )
+    if kafka.security_protocol.startswith("SASL"):
+        return SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password,
+            mechanism=kafka.sasl_mechanism,
+            ssl_context=context,  # SASL_SSL with one, SASL_PLAINTEXT without
+        )
+    return SSLCredentials(context) if context is not None else None
+
+
 def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
     """A faust app whose internal topics have as many partitions as the results topic."""
     app = faust.App(
         # The prefix keeps deployments sharing a cluster apart: group id and changelog topic.
         f"{kafka.topic_prefix}{config.app_id}",
         broker=broker_urls(kafka),
+        broker_credentials=broker_credentials(kafka),
         store="memory://",
         autodiscover=False,
         datadir=config.data_dir,
@@ -38,7 +58,14 @@ def create_app(config: AggregatorConfig, kafka: KafkaSettings) -> faust.App:
         broker_commit_interval=config.commit_interval_s,
         producer_max_batch_size=config.producer_max_batch_size,
         stream_buffer_maxsize=config.stream_buffer_maxsize,
-        web_enabled=True,
+        web_enabled=True,  # /livez, /readyz, /health and /metrics (web.py)
+        # faust's own views list the table's keys (batch ids of every project) and the cluster's
+        # layout to anyone who reaches the port: off.
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
+        web_metrics_enabled=False,
         web_bind=config.web_host,
         web_port=config.web_port,
         web_host=config.web_host,

@@ -20,6 +20,7 @@ from services.api.local_copies import LocalCopies, LocalFirstStore
 from services.api.openapi import install_openapi
 from services.api.routes import batches, files, health, models, partial, views
 from services.api.routes.console import install_console
+from services.api.routes.health import MetricsServer
 from services.api.service.announcer import ControlAnnouncer
 from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
@@ -66,6 +67,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # control message (a cancel) must not queue behind megabytes of lines, nor behind the broker
     # answering slowly while it creates a model's topic (seen: a cancel stuck 8 s).
     line_producer = make_producer(kafka_settings, request_timeout_ms=int(DEPENDENCY_TIMEOUT_S * 1000))
+    metrics = (
+        MetricsServer(api_settings.metrics_host, api_settings.metrics_port)
+        if api_settings.metrics_port
+        else None
+    )
     await producer.start()
     try:
         await line_producer.start()
@@ -119,6 +125,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await producer.stop()
         await mongo.close()
         copies.remove_all()
+        if metrics is not None:
+            metrics.close()
 
 
 async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shared.api_keys import ApiKeyStore
+    from shared.api_keys import ApiKeyStore, KeyInfo
 
 INSTALL_HINT = (
     "`batchstream keys` writes the api's key store in MongoDB and needs the api's dependencies: "
@@ -47,21 +47,34 @@ async def _key_store(mongo_uri: str | None, database: str | None) -> AsyncIterat
         await mongo.close()
 
 
-def create_key(project: str, mongo_uri: str | None = None, database: str | None = None) -> str:
-    """A new key for ``project``; the plain key is returned once and only its hash is stored."""
+def create_key(project: str, mongo_uri: str | None = None, database: str | None = None) -> tuple[str, str]:
+    """A new key for ``project``: its id and the plain key, returned once (only its hash is stored)."""
 
-    async def run() -> str:
+    async def run() -> tuple[str, str]:
         async with _key_store(mongo_uri, database) as store:
             return await store.create(project)
 
     return asyncio.run(run())
 
 
-def revoke_key(key: str, mongo_uri: str | None = None, database: str | None = None) -> bool:
-    """Revoke ``key``; False when it was never made. The api stops taking it within its cache TTL."""
+def list_keys(
+    project: str | None = None, mongo_uri: str | None = None, database: str | None = None
+) -> list[KeyInfo]:
+    """Every key made (ids, projects, times; never a key)."""
+
+    async def run() -> list[KeyInfo]:
+        async with _key_store(mongo_uri, database) as store:
+            return await store.list(project)
+
+    return asyncio.run(run())
+
+
+def revoke_key(key_or_id: str, mongo_uri: str | None = None, database: str | None = None) -> bool:
+    """Revoke a key named by its id or by itself; False when it was never made. Every api replica
+    stops taking it within a second."""
 
     async def run() -> bool:
         async with _key_store(mongo_uri, database) as store:
-            return await store.revoke(key)
+            return await store.revoke(key_or_id)
 
     return asyncio.run(run())

@@ -8,6 +8,7 @@ api answers an error or cannot be reached; 130 when interrupted while waiting (t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterable
@@ -48,7 +49,7 @@ app = typer.Typer(
 )
 batches_app = typer.Typer(help="List, show, cancel and wait for batches.", no_args_is_help=True)
 files_app = typer.Typer(help="List, upload, download and delete files.", no_args_is_help=True)
-keys_app = typer.Typer(help="Create and revoke API keys (writes MongoDB; needs the api extra).")
+keys_app = typer.Typer(help="Create, list and revoke API keys (MongoDB; needs the api extra).")
 app.add_typer(batches_app, name="batches")
 app.add_typer(files_app, name="files")
 app.add_typer(keys_app, name="keys", no_args_is_help=True)
@@ -431,19 +432,41 @@ def keys_create(
     mongo_database: MongoDatabase = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Create a key and print it (shown once; only its hash is stored)."""
-    key = admin.create_key(project, mongo_uri, mongo_database)
-    _print_json({"key": key, "project": project}) if as_json else out.print(key, markup=False, soft_wrap=True)
+    """Create a key and print it (shown once; only its hash is stored) on stdout, its id on stderr."""
+    key_id, key = admin.create_key(project, mongo_uri, mongo_database)
+    if as_json:
+        _print_json({"id": key_id, "key": key, "project": project})
+        return
+    out.print(key, markup=False, soft_wrap=True)
+    err.print(f"id: {key_id} (revoke with: batchstream keys revoke {key_id})", markup=False)
 
 
-@keys_app.command("revoke")
-def keys_revoke(
-    key: str,
+@keys_app.command("list")
+def keys_list(
+    project: Annotated[str | None, typer.Option(help="Only this project's keys.")] = None,
     mongo_uri: MongoUri = None,
     mongo_database: MongoDatabase = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Revoke a key (the api stops taking it within 30 seconds). Exits 1 for an unknown key."""
+    """The keys made with ``keys create``: id, project, created, revoked (never a key itself)."""
+    keys = admin.list_keys(project, mongo_uri, mongo_database)
+    if as_json:
+        _print_json({"object": "list", "data": [dataclasses.asdict(k) for k in keys]})
+        return
+    table = _table("id", "project", "created", "revoked")
+    for k in keys:
+        table.add_row(k.id, k.project, _when(k.created_at), _when(k.revoked_at))
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="The key's id (key_..., from keys list) or the key itself.")],
+    mongo_uri: MongoUri = None,
+    mongo_database: MongoDatabase = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Revoke a key (every api replica refuses it within a second). Exits 1 for an unknown key."""
     revoked = admin.revoke_key(key, mongo_uri, mongo_database)
     if as_json:
         _print_json({"revoked": revoked})

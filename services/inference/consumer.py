@@ -33,7 +33,7 @@ from services.inference.handler import RequestHandler, never_ran
 from services.inference.offsets import OffsetTracker
 from services.inference.publisher import ResultPublisher
 from services.inference.settings import InferenceSettings, default
-from shared.kafka import decode
+from shared.kafka import connection, decode
 from shared.protocol.messages import (
     LineError,
     RequestLike,
@@ -77,7 +77,7 @@ def consumer_options(settings: InferenceSettings) -> dict[str, Any]:
 
 def make_consumer(kafka: KafkaSettings, group: str, **overrides: Any) -> AIOKafkaConsumer:
     options: dict[str, Any] = {
-        "bootstrap_servers": kafka.bootstrap_servers,
+        **connection(kafka),
         "group_id": group,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",

@@ -18,7 +18,7 @@ import pydantic
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from shared.kafka import decode
+from shared.kafka import connection, decode
 from shared.protocol.messages import ControlMessage
 from shared.settings import KafkaSettings
 from shared.topics import control_topic
@@ -107,7 +107,7 @@ class ControlFollower:
         cls, kafka: KafkaSettings, control: BatchControl, on_cancel: CancelListener | None = None
     ) -> ControlFollower:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers,
+            **connection(kafka),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -26,6 +26,7 @@ from services.inference.engine import (
 )
 from services.inference.scheduler import EngineScheduler
 from services.inference.settings import InferenceSettings, default
+from shared import media
 from shared.protocol.messages import (
     DefaultsLike,
     LineError,
@@ -35,6 +36,7 @@ from shared.protocol.messages import (
     ResultMessage,
 )
 from shared.retries import RetryRule, first_then_retrying
+from shared.settings import MediaSettings
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +141,10 @@ class RequestHandler:
         retry: EngineRetry | None = None,
         scheduler: EngineScheduler | None = None,
         adapter_places: int = default("max_loras"),
+        media_domains: frozenset[str] | None = None,
     ) -> None:
         self.engine = engine
+        self.media_domains = MediaSettings().domains if media_domains is None else media_domains
         self.adapters = AdapterSlots(adapter_places)
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
@@ -187,6 +191,21 @@ class RequestHandler:
         if reason is not None:
             metrics.LINES.by_status[reason] += 1
             return never_ran(message, LineError.not_run(reason))
+        refusal = media.first_refusal(message.body, self.media_domains)
+        if refusal is not None:  # a request that did not come through the api's validation
+            param, text = refusal
+            answer = error_answer(text, param=param)
+            self._count(answer)
+            return ResultMessage(
+                request_id=message.request_id,
+                custom_id=message.custom_id,
+                batch_id=message.batch_id,
+                line=message.line,
+                response=ResponsePayload(
+                    status_code=answer.status, request_id=message.request_id, body=answer.body
+                ),
+                error=None,
+            )
         try:
             run_id, answer = await self.scheduler.run(
                 message.batch_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from argparse import Namespace
 from contextlib import AsyncExitStack
 from http import HTTPStatus
@@ -52,6 +53,7 @@ from services.inference.engine import (
 from services.inference.runs import RunRegistry
 from services.inference.settings import InferenceSettings
 from shared.protocol.messages import TokenUsage
+from shared.settings import MediaSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,11 @@ _EMBEDDING_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRe
 _SCORE_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ScoreRequest)
 
 
-def build_args(settings: InferenceSettings) -> Namespace:
+NO_MEDIA_DOMAIN = "no-media-domain.invalid"
+"""The allow-list vLLM gets when no media domain is allowed (an empty list would allow all)."""
+
+
+def build_args(settings: InferenceSettings, media_domains: frozenset[str] = frozenset()) -> Namespace:
     """vLLM's server arguments, from our settings, through vLLM's own parser (so defaults match)."""
     argv = [
         "--model",
@@ -89,6 +95,9 @@ def build_args(settings: InferenceSettings) -> Namespace:
         argv.append("--enforce-eager")
     if settings.prompt_tokens_details:
         argv.append("--enable-prompt-tokens-details")
+    # Media URLs: vLLM fetches only from these hosts (shared/media.py; the handler refuses the
+    # rest first). With none allowed, a name no URL can have, so vLLM fetches nothing by http(s).
+    argv += ["--allowed-media-domains", *(sorted(media_domains) or [NO_MEDIA_DOMAIN])]
     if settings.lora_adapters:
         argv += ["--enable-lora", "--max-loras", str(settings.max_loras)]
         argv += ["--max-lora-rank", str(settings.max_lora_rank), "--lora-modules"]
@@ -112,7 +121,9 @@ class VllmEngine:
         self._client: EngineClient | None = None
 
     async def __aenter__(self) -> VllmEngine:
-        args = build_args(self.settings)
+        args = build_args(self.settings, MediaSettings().domains)
+        # A fetch from an allowed host must not be redirected to another (vLLM follows by default).
+        os.environ["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] = "0"
         client: EngineClient = await self._stack.enter_async_context(
             build_async_engine_client(args, usage_context=UsageContext.OPENAI_BATCH_RUNNER)
         )

@@ -222,6 +222,10 @@ async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
     assert b"batchstream_aggregator_results_processed_total" in metrics
     assert b"batchstream_aggregator_stalls_total 0.0" in metrics
     assert b'batchstream_aggregator_phase{batchstream_aggregator_phase="processing"} 1.0' in metrics
+    for view in ("/table/", "/router/", "/graph/", "/stats/"):  # faust's own views: off
+        with pytest.raises(urllib.error.HTTPError) as absent:
+            await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}{view}")
+        assert absent.value.code == 404, view
 
 
 async def test_batch_completes_with_exact_counts_and_files(

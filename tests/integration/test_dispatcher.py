@@ -162,10 +162,16 @@ def every_line_once(ids: list[str], count: int, prefix: str = "req") -> bool:
     return sorted(ids) == sorted(f"{prefix}-{n}" for n in range(1, count + 1))
 
 
-def start_api(stack: Stack) -> tuple[subprocess.Popen[bytes], str]:
-    """Another api replica on the same stack (its own port)."""
-    port = free_ports().api
-    env = {**os.environ, **stack.env(), "BATCHSTREAM_API_PORT": str(port)}
+def start_api(stack: Stack) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Another api replica on the same stack (its own ports); its base URL and its metrics'."""
+    ports = free_ports()
+    port = ports.api
+    env = {
+        **os.environ,
+        **stack.env(),
+        "BATCHSTREAM_API_PORT": str(port),
+        "BATCHSTREAM_API_METRICS_PORT": str(ports.api_metrics),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "services.api.app:create_app", "--factory", "--port", str(port)],
         env=env,
@@ -173,12 +179,17 @@ def start_api(stack: Stack) -> tuple[subprocess.Popen[bytes], str]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    return proc, f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ports.api_metrics}/metrics"
 
 
-def leader_metric(base: str, model: str) -> float:
+def metrics_url(stack: Stack) -> str:
+    """The api's Prometheus page: on a port of its own, not the api's."""
+    return f"http://127.0.0.1:{stack.ports.api_metrics}/metrics"
+
+
+def leader_metric(metrics: str, model: str) -> float:
     try:
-        text = httpx.get(f"{base}/metrics", timeout=5).text
+        text = httpx.get(metrics, timeout=5).text
     except httpx.HTTPError:
         return -1.0
     for line in text.splitlines():
@@ -226,10 +237,12 @@ async def count_requests(stack: Stack, model: str, batch_id: str) -> int:
 # --- tests
 
 
-async def test_a_small_batch_created_behind_a_big_one_completes_first(client: AsyncOpenAI, db: Any) -> None:
+async def test_a_small_batch_created_behind_a_big_one_completes_first(
+    dispatch_stack: Stack, client: AsyncOpenAI, db: Any
+) -> None:
     big = await create_batch(client, FAKE_MODEL, 15_000, prefix="big")
     await eventually(lambda: sent_lines(db, big.id), 60, "the big batch dispatching")
-    metrics = await _metrics(client)
+    metrics = await _metrics(dispatch_stack)
     queued = f'batchstream_dispatch_queued_lines{{model="{FAKE_MODEL}",project="default"}}'
     assert any(line.startswith(queued) and float(line.split()[-1]) > 0 for line in metrics), metrics
     for name in ("batchstream_dispatch_lines_total", "batchstream_dispatch_topic_backlog"):
@@ -249,7 +262,7 @@ async def test_a_small_batch_created_behind_a_big_one_completes_first(client: As
     assert every_line_once(await output_ids(client, big_done), 15_000, prefix="big")
 
 
-async def test_an_idle_dispatcher_rests_between_rounds(client: AsyncOpenAI) -> None:
+async def test_an_idle_dispatcher_rests_between_rounds(dispatch_stack: Stack, client: AsyncOpenAI) -> None:
     """Once its batches have ended, the dispatcher wakes a few times a second (each refresh, and
     this stack's position and lease timers: 0.2-0.5 s), not in a loop that never rests (an api
     burning a core while nothing is queued)."""
@@ -257,13 +270,13 @@ async def test_an_idle_dispatcher_rests_between_rounds(client: AsyncOpenAI) -> N
         client, (await create_batch(client, FAKE_MODEL, 10, prefix="idle")).id, 60
     )
     assert done.status == "completed"
-    queued = [m for m in await _metrics(client) if m.startswith("batchstream_dispatch_queued_lines{")]
+    queued = [m for m in await _metrics(dispatch_stack) if m.startswith("batchstream_dispatch_queued_lines{")]
     assert all(float(m.split()[-1]) == 0 for m in queued), f"an earlier test left lines queued: {queued}"
     await asyncio.sleep(1.0)  # the refresh that forgets the ended batch, and a reading after it
-    before = _metric(await _metrics(client), "batchstream_dispatch_rounds_total")
+    before = _metric(await _metrics(dispatch_stack), "batchstream_dispatch_rounds_total")
     window_s = 2.0
     await asyncio.sleep(window_s)  # a rate is counted over a window: nothing to wait on
-    rounds = _metric(await _metrics(client), "batchstream_dispatch_rounds_total") - before
+    rounds = _metric(await _metrics(dispatch_stack), "batchstream_dispatch_rounds_total") - before
     assert 0 < rounds <= 15 * window_s, f"{rounds:.0f} rounds in {window_s} s"
 
 
@@ -369,7 +382,7 @@ async def test_a_dispatcher_killed_mid_batch_resumes_with_every_line_once(
     # It resumed from the persisted position rather than from the start of the file (lines the
     # restarted dispatcher sent again on purpose, as lost, are counted apart).
     resent = _metric(
-        await _metrics(client), f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}'
+        await _metrics(dispatch_stack), f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}'
     )
     assert await count_requests(dispatch_stack, FAKE_MODEL, batch.id) - resent < total + killed_at
 
@@ -397,7 +410,7 @@ async def test_a_dispatcher_killed_mid_batch_resumes_a_prefix_ordered_batch(
     text = (await client.files.content(done.output_file_id)).text
     assert [json.loads(row)["custom_id"] for row in text.splitlines()] == [x["custom_id"] for x in lines]
     resent = _metric(
-        await _metrics(client), f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}'
+        await _metrics(dispatch_stack), f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}'
     )
     assert await count_requests(dispatch_stack, FAKE_MODEL, batch.id) - resent < len(lines) + killed_at
 
@@ -420,7 +433,7 @@ async def test_results_dropped_between_worker_and_aggregator_are_sent_again(
     assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
     assert every_line_once(await output_ids(client, done), total, prefix="drop")
     async with httpx.AsyncClient() as http:
-        metrics = (await http.get(f"{dispatch_stack.base_url.removesuffix('/v1')}/metrics")).text
+        metrics = (await http.get(metrics_url(dispatch_stack))).text
     assert f'batchstream_dispatch_lines_resent_total{{model="{FAKE_MODEL}"}}' in metrics
 
 
@@ -428,27 +441,27 @@ async def test_two_api_replicas_dispatch_through_one_and_hand_over(
     dispatch_stack: Stack, client: AsyncOpenAI, db: Any
 ) -> None:
     total = 15_000
-    proc, other = start_api(dispatch_stack)
-    main = dispatch_stack.base_url.removesuffix("/v1")
+    proc, other, other_metrics = start_api(dispatch_stack)
+    main, main_metrics = dispatch_stack.base_url.removesuffix("/v1"), metrics_url(dispatch_stack)
     try:
         await eventually(lambda: asyncio.to_thread(_health, other), 60, "the second api")
         batch = await create_batch(client, FAKE_MODEL, total, prefix="rep")
         await eventually(lambda: _at_least(sent_lines(db, batch.id), 1000), 120, "dispatching")
-        leaders = [leader_metric(b, FAKE_MODEL) for b in (main, other)]
+        leaders = [leader_metric(m, FAKE_MODEL) for m in (main_metrics, other_metrics)]
         assert sorted(leaders) == [0.0, 1.0], leaders
         lease = db.dispatch_leases.find_one({"_id": FAKE_MODEL})
         assert lease is not None and lease["expires_at"] > time.time()
         # Kill the replica dispatching; the other takes over once the lease lapses.
         if leaders[1] == 1.0:
             os.killpg(proc.pid, signal.SIGKILL)
-            survivor = main
+            survivor, survivor_metrics = main, main_metrics
         else:
             pid = dispatch_stack.pid("api")
             assert pid is not None
             os.killpg(pid, signal.SIGKILL)
-            survivor = other
+            survivor, survivor_metrics = other, other_metrics
         await eventually(
-            lambda: asyncio.to_thread(lambda: leader_metric(survivor, FAKE_MODEL) == 1.0),
+            lambda: asyncio.to_thread(lambda: leader_metric(survivor_metrics, FAKE_MODEL) == 1.0),
             30,
             "the takeover",
         )
@@ -665,9 +678,9 @@ async def test_priority_is_echoed_and_checked(dispatch_stack: Stack, client: Asy
             await http.post(f"/batches/{answer.json()['id']}/cancel")
 
 
-async def _metrics(client: AsyncOpenAI) -> list[str]:
+async def _metrics(stack: Stack) -> list[str]:
     async with httpx.AsyncClient() as http:
-        return (await http.get(str(client.base_url).removesuffix("/v1/") + "/metrics")).text.splitlines()
+        return (await http.get(metrics_url(stack))).text.splitlines()
 
 
 def _metric(lines: list[str], name: str) -> float:

@@ -119,6 +119,7 @@ def stack(own_stack: Any, receiver: tuple[Receiver, int], closed_port: int) -> I
         "BATCHSTREAM_API_KEYS": f"{ApiSettings().keys},{CLOSED_KEY}=closed",
         "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "2",
         "BATCHSTREAM_WEBHOOK_ENDPOINTS": json.dumps(endpoints),
+        "BATCHSTREAM_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",  # the receivers listen on 127.0.0.1
         "BATCHSTREAM_WEBHOOK_POLL_SECONDS": "0.2",
         "BATCHSTREAM_WEBHOOK_FIRST_RETRY_S": "0.5",
         "BATCHSTREAM_WEBHOOK_MAX_RETRY_S": "1",

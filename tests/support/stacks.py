@@ -125,7 +125,13 @@ def own_stack(
 def extra_api(stack: Stack, **overrides: str) -> Iterator[str]:
     """Another api process on the same stack with some settings changed; yields its base URL."""
     port = free_port()
-    env = {**os.environ, **stack.env(), "BATCHSTREAM_API_PORT": str(port), **overrides}
+    env = {
+        **os.environ,
+        **stack.env(),
+        "BATCHSTREAM_API_PORT": str(port),
+        "BATCHSTREAM_API_METRICS_PORT": "0",  # the stack's own api serves them on its port
+        **overrides,
+    }
     command = [sys.executable, "-m", "uvicorn", "services.api.app:create_app", "--factory"]
     proc = subprocess.Popen(
         [*command, "--host", "127.0.0.1", "--port", str(port)],

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deploy.check_dashboard import problems
 from deploy.compose_gpus import gpu_services
@@ -153,6 +154,80 @@ def test_compose_exposes_metrics_and_waits_for_a_primary() -> None:
     assert "BATCHSTREAM_INFERENCE_HEALTH_HOST: 0.0.0.0" in compose
     assert "isWritablePrimary" in compose
     assert "image: minio/minio" not in compose and "quay.io/minio/minio:RELEASE." in compose
+
+
+def test_compose_publishes_on_loopback_unless_told_and_keeps_no_default_admin_secrets() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    published = {name: svc.get("ports", []) for name, svc in compose["services"].items() if svc.get("ports")}
+    assert set(published) == {"kafka", "api", "prometheus", "grafana"}  # not the S3 server
+    for name, ports in published.items():
+        for port in ports:
+            assert str(port).startswith("${BATCHSTREAM_BIND_ADDRESS:-127.0.0.1}:"), (name, port)
+    s3 = compose["services"]["s3"]
+    assert "--console-address" not in s3["command"] and s3["environment"]["MINIO_BROWSER"] == "off"
+    password = compose["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?")  # no default: compose refuses without one
+    example = (ROOT / ".env.example").read_text()
+    assert "GRAFANA_ADMIN_PASSWORD=\n" in example and "BATCHSTREAM_BIND_ADDRESS=127.0.0.1" in example
+
+
+def test_compose_kafka_asks_every_client_for_a_user_and_denies_what_no_acl_allows() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    kafka = services["kafka"]["environment"]
+    protocols = dict(item.split(":") for item in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(protocols.values()) == {"SASL_PLAINTEXT"}, protocols  # no listener without a user
+    assert kafka["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert kafka["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert kafka["KAFKA_SUPER_USERS"] == "User:admin"
+    users = {}
+    for name in ("init", "api", "aggregator", "inference", "inference-remote"):
+        env = services[name]["environment"]
+        users[name] = env["BATCHSTREAM_KAFKA_SASL_USERNAME"]
+        assert env["BATCHSTREAM_KAFKA_SASL_PASSWORD"].startswith("${KAFKA_"), name  # no default
+        assert ":?" in env["BATCHSTREAM_KAFKA_SASL_PASSWORD"], name
+    assert users == {
+        "init": "api",
+        "api": "api",
+        "aggregator": "aggregator",
+        "inference": "inference",
+        "inference-remote": "inference",
+    }
+    acls = (ROOT / "deploy" / "kafka" / "acls.sh").read_text()
+    assert services["kafka-acls"]["volumes"] == ["./deploy/kafka/acls.sh:/acls.sh:ro"]
+    for user in ("api", "inference", "aggregator", "exporter", '"$user"'):
+        assert f"\nacl {user} " in acls or f"  acl {user} " in acls, user
+    # A pipeline writes requests and reads only its own "<user>." topics and groups.
+    loop = acls[acls.index("for user in $PIPELINES") : acls.index("\ndone")].replace("\\\n", " ")
+    pipeline_rules = [line.strip() for line in loop.splitlines() if line.strip().startswith('acl "$user"')]
+    assert len(pipeline_rules) == 3
+    assert any("Write" in rule and '--topic "${P}requests."' in rule for rule in pipeline_rules)
+    for rule in pipeline_rules:
+        if "Read" in rule:
+            assert '"${P}${user}."' in rule and "requests." not in rule, rule
+        assert "results" not in rule and "control" not in rule and "dead-letters" not in rule, rule
+    assert "--sasl.enabled" in services["kafka-exporter"]["command"]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "user"),
+    [
+        ("base/api.yaml", "api"),
+        ("base/provision-job.yaml", "api"),
+        ("base/aggregator.yaml", "aggregator"),
+        ("inference/deployment.yaml", "inference"),
+        ("inference-remote/deployment.yaml", "inference"),
+    ],
+)
+def test_each_kubernetes_workload_is_a_kafka_user_of_its_own(manifest: str, user: str) -> None:
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / manifest).read_text()))
+    workload = next(d for d in docs if d and d["kind"] in {"Deployment", "Job"})
+    env = {e["name"]: e for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["BATCHSTREAM_KAFKA_SASL_USERNAME"]["value"] == user
+    ref = env["BATCHSTREAM_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "batchstream-kafka-users", "key": user}  # only its own password
+    config = (ROOT / "deploy" / "k8s" / "base" / "kustomization.yaml").read_text()
+    assert "BATCHSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL" in config
 
 
 def test_the_default_model_needs_no_token() -> None:

@@ -31,7 +31,7 @@ from services.api.dispatch.recovery import Recovery
 from services.api.dispatch.sender import LineSender
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import REFUSALS, ModelState, QueuedState, Sending
-from shared.kafka import ensure_topics
+from shared.kafka import ensure_topics, make_admin
 from shared.mongo import Mongo
 from shared.settings import KafkaSettings
 from shared.storage import ObjectStore
@@ -61,7 +61,7 @@ class Dispatcher:
         self.clock = clock
         self.leases = LeaseStore(mongo.dispatch_leases, owner, settings.lease_ttl_s)
         self.positions = PositionStore(mongo.dispatch_positions)
-        self.probe = GroupProbe(kafka.bootstrap_servers)
+        self.probe = GroupProbe(make_admin(kafka))
         self.sender = LineSender(producer, kafka)
         self.recovery = Recovery(batches, store, self.sender, settings)
         self.batches: dict[str, QueuedState] = {}

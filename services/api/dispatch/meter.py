@@ -139,8 +139,8 @@ class GroupProbe:
     saying so, and every ``COORDINATOR_EVERY_S`` in any case.
     """
 
-    def __init__(self, bootstrap_servers: str) -> None:
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    def __init__(self, admin: AIOKafkaAdminClient) -> None:
+        self._admin = admin
         self._started = False
         self._describe_works = True
         self._members: dict[str, tuple[float, int]] = {}  # group -> (read at, members)

@@ -5,19 +5,23 @@
 - ``/readyz``: every dependency answers (a readiness probe: take the pod out of the Service while
   one does not); 503 with ``retry-after`` and the names of those that do not.
 - ``/health``: the same answer as ``/readyz``, kept for existing monitors.
+
+Prometheus metrics are not on this port: their series name projects and their queues, so they are
+served on a port of their own (``BATCHSTREAM_API_METRICS_PORT``, ``serve_metrics``) that only the
+scraper reaches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable
+from wsgiref.simple_server import WSGIServer
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from services.api.openapi import streamed
+from prometheus_client import start_http_server
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger(__name__)
@@ -62,6 +66,15 @@ async def _dependencies_answer(request: Request) -> JSONResponse:
     return JSONResponse({"status": "healthy"})
 
 
-@router.get("/metrics", responses=streamed(CONTENT_TYPE_LATEST, "Prometheus metrics."))
-async def metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+class MetricsServer:
+    """Prometheus' own HTTP server (a thread) on the metrics port; stopped with the api."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._server: WSGIServer
+        self._thread: threading.Thread
+        self._server, self._thread = start_http_server(port, addr=host)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

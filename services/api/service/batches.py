@@ -29,7 +29,7 @@ from shared.lifecycle import TERMINAL
 from shared.protocol.messages import ControlMessage
 from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
-from shared.settings import ApiSettings
+from shared.settings import ApiSettings, MediaSettings
 from shared.storage import ObjectStore, dispatch_order_key
 from shared.stores.batches import BatchStore
 from shared.stores.idempotency import IdempotencyStore
@@ -84,6 +84,7 @@ class BatchService:
         announcer: ControlAnnouncer,
         settings: ApiSettings,
         dispatch: DispatchSettings,
+        media: MediaSettings | None = None,
     ) -> None:
         self.batches = batches
         self.models = models
@@ -92,6 +93,7 @@ class BatchService:
         self.announcer = announcer
         self.settings = settings
         self.dispatch = dispatch
+        self.media_domains = (media or MediaSettings()).domains
         self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
@@ -286,6 +288,7 @@ class BatchService:
             max_lines=self.settings.max_batch_lines,
             max_reported_errors=self.settings.max_reported_errors,
             max_reported_error_bytes=self.settings.max_reported_error_bytes,
+            allowed_media_domains=self.media_domains,
         )
         min_shared = self.dispatch.prefix_min_shared_chars
         order, parts = None, None

@@ -2,7 +2,10 @@
 
 Keys come from two places: ``BATCHSTREAM_API_KEYS`` (``key=project,...``; hashed at start-up and the
 plain text dropped) and MongoDB through ``shared.api_keys.ApiKeyStore``, filled by
-``batchstream keys create --project NAME``, which prints the key once.
+``batchstream keys create --project NAME``, which prints the key once. A key revoked there
+(``batchstream keys revoke ID``) is refused by every api replica within ``CACHE_TTL_S``: a
+replica asks the database about a key at most every half second (one small read per key in use,
+per replica).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import time
 from shared.api_keys import ApiKeyStore, hash_key
 from shared.mongo import Mongo
 
-CACHE_TTL_S = 30.0
+CACHE_TTL_S = 0.5
 
 
 class KeyRing:

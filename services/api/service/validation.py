@@ -20,6 +20,7 @@ from pydantic_core import to_json
 
 from services.api.dispatch.order import RUN_BYTES, OrderBuilder, PartOrders, prompt_text
 from services.api.spill import SortedRuns
+from shared import media
 from shared.errors import echo
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
@@ -88,6 +89,7 @@ class InputValidator:
     max_lines: int
     max_reported_errors: int
     max_reported_error_bytes: int = ApiSettings.model_fields["max_reported_error_bytes"].default
+    allowed_media_domains: frozenset[str] = frozenset()  # http(s) media URLs only there (data: always)
     order: OrderBuilder | None = None  # fed each line's prompt prefix (the dispatch order)
     parts: PartOrders | None = None
     """A mixed batch's (``mixed_models``): lines may name any served model or adapter; each goes
@@ -185,6 +187,10 @@ class InputValidator:
         if not self._check_envelope(number, item):
             return None
         self._check_body(number, item["body"])
+        if media.MARKER in raw:  # names a media URL: one the workers may fetch?
+            refusal = media.first_refusal(item["body"], self.allowed_media_domains)
+            if refusal is not None:
+                self._error(number, "invalid_request", refusal[1], refusal[0])
         return item["body"]  # type: ignore[no-any-return]
 
     def _check_envelope(self, number: int, item: dict[str, Any]) -> bool:

@@ -41,6 +41,14 @@ def test_an_unknown_route_is_404_json(http: httpx.Client) -> None:
     assert_error(http.get("/nothing-here"), 404)
 
 
+def test_metrics_are_on_their_own_port_not_the_apis(stack: Stack) -> None:
+    """The series name projects and their queues: nobody who reaches the api lists them."""
+    public = httpx.get(stack.base_url.removesuffix("/v1") + "/metrics", timeout=5)
+    assert public.status_code == 404
+    scraped = httpx.get(f"http://127.0.0.1:{stack.ports.api_metrics}/metrics", timeout=5)
+    assert scraped.status_code == 200 and "batchstream_api_requests_total" in scraped.text
+
+
 def test_an_unknown_input_file_is_404_at_create(http: httpx.Client) -> None:
     assert_error(create(http, prefix="", input_file_id="file-nope"), 404, param="file_id")
 

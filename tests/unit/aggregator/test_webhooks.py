@@ -103,7 +103,7 @@ def deliverer(store: FakeEventStore, url: str, clock: FakeClock, **overrides: An
         max_retry_s=3600.0,
         max_age_s=72 * 3600.0,
         timeout_s=5.0,
-        **overrides,
+        **{"allow_private_targets": True, **overrides},  # the receivers listen on 127.0.0.1
     )
     return WebhookDeliverer(store, settings, clock)  # type: ignore[arg-type]
 
@@ -171,6 +171,59 @@ async def test_a_receiver_that_is_not_listening_is_a_failed_attempt() -> None:
     stored = store.events["evt_batch_1_batch.completed"]
     assert stored.status == "pending" and stored.next_attempt_at > clock()
     assert stored.last_error and "Connect" in stored.last_error
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:{port}/hooks", "127.0.0.1 is not a public address"),
+        ("http://localhost:{port}/hooks", "localhost resolves only to addresses that are not public"),
+        ("http://169.254.169.254/latest/meta-data", "169.254.169.254 is not a public address"),
+        ("http://[::1]:{port}/hooks", "::1 is not a public address"),
+        ("http://10.1.2.3/hooks", "10.1.2.3 is not a public address"),
+    ],
+)
+async def test_an_internal_target_is_refused_unless_allowed(
+    receiver: tuple[Receiver, str], url: str, why: str
+) -> None:
+    state, own = receiver
+    port = int(own.rsplit(":", 1)[1].split("/")[0])
+    clock = FakeClock(1_700_000_000.0)
+    store = FakeEventStore(event(clock))
+    sender = deliverer(store, url.format(port=port), clock, allow_private_targets=False)
+    try:
+        assert await sender.deliver_due() == 1
+    finally:
+        await sender.close()
+    stored = store.events["evt_batch_1_batch.completed"]
+    assert stored.status == "failed"  # given up at once: retrying cannot make it public
+    assert stored.last_error and why in stored.last_error
+    assert state.seen == []  # nothing reached the receiver
+
+
+async def test_a_redirect_is_not_followed(receiver: tuple[Receiver, str]) -> None:
+    state, target = receiver
+    app = web.Application()
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(target)  # 307: a client that follows replays the POST
+
+    app.router.add_post("/moved", redirect)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    clock = FakeClock(1_700_000_000.0)
+    store = FakeEventStore(event(clock))
+    sender = deliverer(store, f"http://127.0.0.1:{runner.addresses[0][1]}/moved", clock)
+    try:
+        assert await sender.deliver_due() == 1
+    finally:
+        await sender.close()
+        await runner.cleanup()
+    stored = store.events["evt_batch_1_batch.completed"]
+    assert stored.status == "pending" and stored.last_error == "HTTP 307 (redirects are not followed)"
+    assert state.seen == []  # the signed POST never reached the redirect's target
 
 
 def test_the_documented_verification_snippet_accepts_the_spec_vector_and_refuses_a_change() -> None:

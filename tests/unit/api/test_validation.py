@@ -259,3 +259,22 @@ def test_errors_left_out_before_the_cap_are_still_announced() -> None:
 
 def test_no_entry_is_listed_when_none_may_be() -> None:
     assert listed(errors(3), 3, 0, 10_000) == []
+
+
+async def test_a_media_url_the_workers_may_not_fetch_is_that_lines_error() -> None:
+    def with_image(url: str) -> dict[str, Any]:
+        content = [{"type": "text", "text": "?"}, {"type": "image_url", "image_url": {"url": url}}]
+        return {"model": "m", "messages": [{"role": "user", "content": content}]}
+
+    items = [
+        line("inline", body=with_image("data:image/png;base64,AAAA")),
+        line("metadata", body=with_image("http://169.254.169.254/latest/meta-data/")),
+        line("allowed", body=with_image("https://images.example.com/a.png")),
+    ]
+    param = "body.messages[0].content[1].image_url.url"
+    report = await validate(items)
+    assert codes(report) == [(2, "invalid_request", param), (3, "invalid_request", param)]
+    validator = InputValidator(
+        ENDPOINT, served(m=1024), 100, 100, allowed_media_domains=frozenset({"images.example.com"})
+    )
+    assert codes(await validator.run(file_request_lines(items))) == [(2, "invalid_request", param)]

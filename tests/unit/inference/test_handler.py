@@ -222,3 +222,18 @@ async def test_a_line_whose_batch_is_cancelled_between_tries_is_not_tried_again(
     result = await handler.handle(message(batch_id="b"))
     assert len(engine.seen) == 1
     assert result.error is not None and result.error.code == "batch_cancelled"
+
+
+async def test_a_media_url_that_may_not_be_fetched_is_answered_400_without_running() -> None:
+    """A pipeline's request reaches the worker without the api's validation: the worker refuses
+    it itself, before the engine could fetch anything."""
+    engine = RecordingFakeEngine()
+    content = [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    result = await RequestHandler(engine, retry=NO_WAIT, media_domains=frozenset()).handle(message(body=body))
+    assert engine.seen == []  # never handed to the engine
+    assert result.response is not None and result.response.status_code == 400
+    error = orjson.loads(result.response.body)["error"]
+    assert error["param"] == "body.messages[0].content[0].image_url.url"
+    allowed = RequestHandler(engine, retry=NO_WAIT, media_domains=frozenset({"169.254.169.254"}))
+    assert (await allowed.handle(message(body=body))).response.status_code == 200  # type: ignore[union-attr]

@@ -58,9 +58,8 @@ class FakeAdminClient:
 
 @pytest.fixture
 async def probe_and_fake() -> tuple[GroupProbe, FakeAdminClient]:
-    probe = GroupProbe("127.0.0.1:1")  # its own admin client is never started
     fake = FakeAdminClient()
-    probe._admin = fake  # type: ignore[assignment]
+    probe = GroupProbe(fake)  # type: ignore[arg-type]
     return probe, fake
 
 

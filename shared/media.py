@@ -1,0 +1,64 @@
+"""Media URLs inside request lines: which ones a worker may fetch.
+
+A chat or Responses body may name images, audio or video by URL (``image_url``, ``audio_url``,
+``video_url``, ``file_url``); the engine (vLLM, or a remote server) then fetches each from inside
+the cluster, where a URL could reach cloud metadata or internal hosts. Only ``data:`` URLs (the
+media inline) are taken, plus ``http(s)`` URLs on the domains an operator allows
+(``BATCHSTREAM_MEDIA_ALLOWED_DOMAINS``). The api refuses other URLs at validation (that line's
+error); the worker refuses them again for requests that reach Kafka another way (a pipeline), and
+hands the same list to vLLM, which checks it on every fetch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+MEDIA_KEYS = frozenset({"image_url", "audio_url", "video_url", "file_url"})
+"""Keys whose value is a media URL (a string) or an object holding one in ``url``."""
+
+MARKER = b"_url"
+"""Every media key ends so: a line without these bytes names no media URL (a cheap pre-check)."""
+
+
+def media_urls(value: Any, path: str = "body") -> Iterator[tuple[str, str]]:
+    """(param, url) of every media URL in a request body, depth first."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in MEDIA_KEYS:
+                if isinstance(item, str):
+                    yield f"{path}.{key}", item
+                elif isinstance(item, dict) and isinstance(item.get("url"), str):
+                    yield f"{path}.{key}.url", item["url"]
+            elif isinstance(item, dict | list):
+                yield from media_urls(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, dict | list):
+                yield from media_urls(item, f"{path}[{i}]")
+
+
+def refused_url(url: str, allowed_domains: frozenset[str]) -> str | None:
+    """Why a worker must not fetch ``url`` (None when it may)."""
+    if url[:5].lower() == "data:":
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "it is not a valid URL"
+    host = (parts.hostname or "").lower()
+    if parts.scheme.lower() in ("http", "https") and host and host in allowed_domains:
+        return None
+    if not allowed_domains:
+        return "only data: URLs are taken (no media domain is allowed)"
+    return "its host is not one of the allowed media domains"
+
+
+def first_refusal(body: Any, allowed_domains: frozenset[str]) -> tuple[str, str] | None:
+    """(param, message) for the first media URL of ``body`` a worker must not fetch."""
+    for param, url in media_urls(body):
+        why = refused_url(url, allowed_domains)
+        if why is not None:
+            return param, f"The media URL at {param} is not allowed: {why}."
+    return None

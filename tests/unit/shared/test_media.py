@@ -1,0 +1,60 @@
+"""Which media URLs in a request body a worker may fetch: data: URLs, and allowed hosts only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.media import first_refusal, media_urls, refused_url
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+
+
+def chat(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "?"}, *parts]}]}
+
+
+def test_every_media_url_of_a_chat_or_responses_body_is_found_with_its_param() -> None:
+    body = chat(
+        {"type": "image_url", "image_url": {"url": "https://a.example/x.png"}},
+        {"type": "audio_url", "audio_url": {"url": PNG}},
+    )
+    body["input"] = [{"type": "input_image", "image_url": "http://b.example/y.png"}]  # Responses' shape
+    assert list(media_urls(body)) == [
+        ("body.messages[0].content[1].image_url.url", "https://a.example/x.png"),
+        ("body.messages[0].content[2].audio_url.url", PNG),
+        ("body.input[0].image_url", "http://b.example/y.png"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed", "refused"),
+    [
+        (PNG, frozenset(), False),
+        ("DATA:image/png;base64,AAAA", frozenset(), False),
+        ("https://images.example.com/a.png", frozenset(), True),  # nothing allowed: data: only
+        ("https://images.example.com/a.png", frozenset({"images.example.com"}), False),
+        ("https://IMAGES.example.com/a.png", frozenset({"images.example.com"}), False),
+        ("https://images.example.com.evil.test/a.png", frozenset({"images.example.com"}), True),
+        ("http://169.254.169.254/latest/meta-data/", frozenset({"images.example.com"}), True),
+        ("file:///etc/passwd", frozenset({"images.example.com"}), True),
+        ("ftp://images.example.com/a.png", frozenset({"images.example.com"}), True),
+        ("http://[::1", frozenset({"images.example.com"}), True),  # not a URL
+    ],
+)
+def test_only_data_urls_and_allowed_hosts_pass(url: str, allowed: frozenset[str], refused: bool) -> None:
+    assert (refused_url(url, allowed) is not None) is refused
+
+
+def test_the_first_refused_url_is_named_with_its_param() -> None:
+    body = chat(
+        {"type": "image_url", "image_url": {"url": PNG}},
+        {"type": "image_url", "image_url": {"url": "http://10.0.0.1/a.png"}},
+    )
+    refusal = first_refusal(body, frozenset())
+    assert refusal is not None
+    param, message = refusal
+    assert param == "body.messages[0].content[2].image_url.url"
+    assert "only data: URLs" in message and "10.0.0.1" not in message  # the URL is not echoed
+    assert first_refusal(chat({"type": "image_url", "image_url": {"url": PNG}}), frozenset()) is None
