@@ -31,7 +31,7 @@ def parse_statuses(raw: str | None) -> frozenset[str] | None:
     return wanted
 
 
-@router.post("", response_model=Batch, responses=errors(404))
+@router.post("", response_model=Batch, responses=errors(404, 429))
 async def create_batch(
     project: Project,
     batches: Batches,

@@ -6,9 +6,10 @@ import asyncio
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import IO, Any
 
+import orjson
 import urllib3
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pymongo.errors import ConnectionFailure
@@ -16,6 +17,8 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
 from services.api.dispatch.order import NO_GROUPS, OrderBuilder, PartOrders
 from services.api.dispatch.settings import DispatchSettings
+from services.api.quotas.limits import ModelUse
+from services.api.quotas.service import QuotaService
 from services.api.schemas import BatchCreateParams
 from services.api.service.announcer import ControlAnnouncer
 from services.api.service.files import FileService, page
@@ -23,9 +26,10 @@ from services.api.service.idempotency import CreateDeduplicator
 from services.api.service.validation import InputValidator
 from shared import ids
 from shared.documents import BatchDocument, FileDocument, sort_key
-from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
+from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.messages import ControlMessage
 from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
@@ -84,6 +88,7 @@ class BatchService:
         announcer: ControlAnnouncer,
         settings: ApiSettings,
         dispatch: DispatchSettings,
+        quotas: QuotaService | None = None,
     ) -> None:
         self.batches = batches
         self.models = models
@@ -92,6 +97,7 @@ class BatchService:
         self.announcer = announcer
         self.settings = settings
         self.dispatch = dispatch
+        self.quotas = quotas  # None: no quotas
         self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
@@ -118,6 +124,9 @@ class BatchService:
                 param="input_file_id",
                 code="invalid_value",
             )
+        if self.quotas is not None:
+            counted = not params.mixed_models and self.quotas.counts_queue(project)
+            await self.quotas.check_create(project, await self._first_model(input_file) if counted else None)
         batch_id = ids.batch_id()
         earlier = await self.dedupe.claim(project, params.model_dump(), idempotency_key, batch_id)
         if earlier is not None:
@@ -144,8 +153,31 @@ class BatchService:
             mixed_models=bool(params.mixed_models),
         )
         await self.batches.insert(batch)
+        if self.quotas is not None:
+            try:  # counted against the batches created before it: the first ones in win
+                await self.quotas.admit(project, batch.sort_key)
+            except QuotaExceeded:
+                await self.batches.withdraw(batch_id)
+                await self.dedupe.release(project, params.model_dump(), idempotency_key, batch_id)
+                raise
         self.start_processing(batch, input_file)
         return batch.public()
+
+    async def _first_model(self, input_file: FileDocument) -> str | None:
+        """The model the input file's first request line names (None when it names none): the
+        model whose queue a create is checked against (validation checks every line)."""
+        lines = request_lines(self.store.iter_chunks(input_file.object_key))
+        try:
+            async for line in lines:
+                item = orjson.loads(line.raw.removeprefix(UTF8_BOM))
+                body = item.get("body") if isinstance(item, dict) else None
+                model = body.get("model") if isinstance(body, dict) else None
+                return model if isinstance(model, str) else None
+        except orjson.JSONDecodeError:
+            return None
+        finally:
+            await lines.aclose()  # type: ignore[attr-defined]
+        return None
 
     async def document(self, project: str, batch_id: str) -> BatchDocument:
         batch = await self.batches.get(batch_id, project)
@@ -301,6 +333,8 @@ class BatchService:
                     extra={"batch_id": batch.id, "errors": report.error_count},
                 )
                 return None
+            if await self._over_quota(batch, report.enqueued):
+                return None
             ordered = order is not None and await self._save_order(batch.id, input_file.object_key, order)
             stored = None
             if parts is not None:
@@ -311,8 +345,15 @@ class BatchService:
                     made.close()  # their temporary files
         if stored is None:  # one model: its base model's workers run every line
             stored = [{"model": report.base, "lines": report.lines}]
-        if not await self.batches.start(batch.id, report.model, report.lines, ordered, stored):
+        enqueued = {model: use.stored() for model, use in report.enqueued.items()}
+        enqueued_at = time.time_ns()
+        if not await self.batches.start(
+            batch.id, report.model, report.lines, ordered, stored, enqueued, enqueued_at
+        ):
             return None  # cancelled (or ended) meanwhile
+        # Counted again against the batches that stored theirs first: the first ones in win.
+        if await self._over_quota(batch, report.enqueued, enqueued_at):
+            return None
         counts = batch.request_counts.model_copy(update={"total": report.lines})
         return batch.model_copy(
             update={
@@ -322,6 +363,19 @@ class BatchService:
                 "prefix_order": ordered,
             }
         )
+
+    async def _over_quota(
+        self, batch: BatchDocument, mine: Mapping[str, ModelUse], enqueued_at: int | None = None
+    ) -> bool:
+        """Fail the batch when its lines or tokens would take its project past a per-model quota."""
+        if self.quotas is None:
+            return False
+        refusal = await self.quotas.batch_refusal(batch.project, batch.id, mine, enqueued_at)
+        if refusal is None:
+            return False
+        await self._fail(batch, [BatchError(code=refusal.code, message=refusal.message)])
+        log.info("batch failed a quota", extra={"batch_id": batch.id, "limit": refusal.limit})
+        return True
 
     async def _save_order(self, batch_id: str, input_key: str, order: OrderBuilder) -> bool:
         """Write the batch's dispatch order beside its input (the lines in that order); False
