@@ -463,12 +463,9 @@ class BatchStore:
 
     # ---------------------------------------------------------------- quotas (services/api/quotas)
 
-    async def open_counts(self, project: str, before_sort_key: int | None = None) -> tuple[int, int]:
-        """The project's batches not yet ended and those of them validating (created before
-        ``before_sort_key`` if given)."""
+    async def open_counts(self, project: str) -> tuple[int, int]:
+        """The project's batches not yet ended and those of them validating."""
         query: Document = {"project": project, "status": {"$in": sorted(lifecycle.OPEN)}}
-        if before_sort_key is not None:
-            query["sort_key"] = {"$lt": before_sort_key}
         unfinished = await self._batches.count_documents(query)
         validating = await self._batches.count_documents({**query, "status": "validating"})
         return unfinished, validating

@@ -1,11 +1,15 @@
 """The quota checks the api runs (upload, create, validation) and the project's usage view.
 
-Where a check and the count it guards race, the one written first wins: a create is inserted and
-then counted against the batches created before it (``sort_key``), and a validated batch stores
-its lines and tokens (``enqueued_at``) and is then counted against the batches that stored theirs
-before it. Two writers whose write and count interleave within one MongoDB round trip may both pass;
-nothing else overshoots. An upload is checked against the files stored when it starts and again
-with its real size when it ends: concurrent uploads of one project may overshoot by those in flight.
+Where a check and the count it guards race:
+- a create is inserted, then the project's unfinished batches are counted, itself included: of
+  creates that race, the last to count sees every one inserted before it, so together they never
+  pass a limit (exact), though racing creates at the edge may all be refused (and retry);
+- a validated batch stores its lines and tokens (``enqueued_at``), then is counted against the
+  batches that stored theirs before it, so the first in wins; validations that end within one
+  MongoDB round trip of each other may both pass (a small overshoot, never a batch failed for
+  another that came later);
+- an upload is checked against the files stored when it starts and, when its size was unknown,
+  again when it ends: concurrent uploads of one project may overshoot by those in flight.
 """
 
 from __future__ import annotations
@@ -71,11 +75,13 @@ class QuotaService:
             use = queued_use(await self.batches.enqueued(project)).get(model, ModelUse())
             self._raise(queue_refusal(model, limits, use))
 
-    async def admit(self, project: str, sort_key: int) -> None:
-        """After the batch was inserted: 429 when the batches created before it fill a limit."""
+    async def admit(self, project: str) -> None:
+        """After the batch was inserted (validating): 429 when the project's batches, this one
+        included, are past a limit."""
         limits = self.settings.limits(project)
         if limits.batches_in_progress or limits.concurrent_validations:
-            self._raise(count_refusal(limits, *await self.batches.open_counts(project, sort_key)))
+            unfinished, validating = await self.batches.open_counts(project)
+            self._raise(count_refusal(limits, unfinished - 1, validating - 1))
 
     async def batch_refusal(
         self, project: str, batch_id: str, mine: Mapping[str, ModelUse], enqueued_at: int | None = None

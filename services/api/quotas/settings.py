@@ -56,7 +56,7 @@ class QuotaSettings(BaseSettings):
     batches_in_progress: int = Field(default=1000, ge=0)
     """Most batches of a project not yet ended (validating, in progress, finalizing, cancelling);
     a create past it answers 429. 0: unlimited."""
-    concurrent_validations: int = Field(default=8, ge=0)
+    concurrent_validations: int = Field(default=32, ge=0)
     """Most batches of a project validating at once (validation reads the whole input file); a
     create past it answers 429. 0: unlimited."""
     retry_after_s: int = Field(default=60, ge=1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import tempfile
 import time
@@ -124,9 +126,6 @@ class BatchService:
                 param="input_file_id",
                 code="invalid_value",
             )
-        if self.quotas is not None:
-            counted = not params.mixed_models and self.quotas.counts_queue(project)
-            await self.quotas.check_create(project, await self._first_model(input_file) if counted else None)
         batch_id = ids.batch_id()
         earlier = await self.dedupe.claim(project, params.model_dump(), idempotency_key, batch_id)
         if earlier is not None:
@@ -152,16 +151,35 @@ class BatchService:
             prefix_order=self.dispatch.prefix_order and params.prefix_order is not False,
             mixed_models=bool(params.mixed_models),
         )
+        release = functools.partial(
+            self.dedupe.release, project, params.model_dump(), idempotency_key, batch_id
+        )
+        try:
+            await self._check_quotas(batch, input_file)
+        except Exception:  # refused, or an outage: a retry of this create may claim the slot
+            with contextlib.suppress(Exception):
+                await release()
+            raise
         await self.batches.insert(batch)
         if self.quotas is not None:
-            try:  # counted against the batches created before it: the first ones in win
-                await self.quotas.admit(project, batch.sort_key)
+            try:  # counted again with itself in: racing creates never pass a limit together
+                await self.quotas.admit(project)
             except QuotaExceeded:
                 await self.batches.withdraw(batch_id)
-                await self.dedupe.release(project, params.model_dump(), idempotency_key, batch_id)
+                await release()
                 raise
         self.start_processing(batch, input_file)
         return batch.public()
+
+    async def _check_quotas(self, batch: BatchDocument, input_file: FileDocument) -> None:
+        """429 when the batch's project is at a quota a create checks (services/api/quotas); the
+        per-model ones for the model the file's first line names."""
+        if self.quotas is None:
+            return
+        model = None
+        if not batch.mixed_models and self.quotas.counts_queue(batch.project):
+            model = await self._first_model(input_file)
+        await self.quotas.check_create(batch.project, model)
 
     async def _first_model(self, input_file: FileDocument) -> str | None:
         """The model the input file's first request line names (None when it names none): the

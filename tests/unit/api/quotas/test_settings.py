@@ -16,7 +16,7 @@ def test_a_project_without_an_override_gets_the_defaults(monkeypatch: pytest.Mon
         enqueued_tokens=900,
         stored_bytes=0,
         batches_in_progress=1000,
-        concurrent_validations=8,
+        concurrent_validations=32,
     )
 
 
