@@ -76,7 +76,7 @@ class RetryParams(BaseModel):
     )
 
 
-@router.post("/{batch_id}/retry", response_model=Batch, responses=errors(400, 404, 409))
+@router.post("/{batch_id}/retry", response_model=Batch, responses=errors(400, 404, 409, 429))
 async def retry_batch(
     project: Project, retry: Retry, batch_id: str, params: RetryParams | None = None
 ) -> Batch:
