@@ -137,8 +137,11 @@ class InputValidator:
         has none."""
         model = body.get("model")
         if isinstance(model, str) and model in self.known_models:
-            tokens = estimate_tokens(text if text is not None else raw)
-            self._report.enqueued.setdefault(model, ModelUse()).add(1, tokens)
+            use = self._report.enqueued.get(model)
+            if use is None:
+                use = self._report.enqueued[model] = ModelUse()
+            use.lines += 1
+            use.tokens += estimate_tokens(text if text is not None else raw)
 
     def _report_repeats(self) -> None:
         """Every line whose custom_id an earlier line has, merged into the errors in line order
