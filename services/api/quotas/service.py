@@ -14,7 +14,10 @@ Where a check and the count it guards race:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+
+from prometheus_client import Counter
 
 from services.api.quotas.limits import (
     ModelUse,
@@ -32,6 +35,14 @@ from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.models import ModelStore
 
+log = logging.getLogger(__name__)
+
+REFUSALS = Counter(
+    "batchstream_api_quota_refusals_total",
+    "Requests answered 429 and batches failed at validation by a project quota",
+    ["limit"],
+)
+
 
 class QuotaService:
     def __init__(
@@ -42,9 +53,11 @@ class QuotaService:
         self.files = files
         self.models = models
 
-    def _raise(self, refusal: Refusal | None) -> None:
+    def _raise(self, project: str, refusal: Refusal | None) -> None:
         if refusal is None:
             return
+        REFUSALS.labels(refusal.limit).inc()
+        log.info("request refused by a quota", extra={"project": project, "limit": refusal.limit})
         wait = self.settings.retry_after_s
         if refusal.limit == "concurrent_validations":
             wait = self.settings.validation_retry_after_s
@@ -56,7 +69,7 @@ class QuotaService:
         """429 when ``size`` more bytes would take the project past its stored bytes."""
         limits = self.settings.limits(project)
         if limits.stored_bytes:
-            self._raise(stored_refusal(limits, await self.files.stored_bytes(project), size))
+            self._raise(project, stored_refusal(limits, await self.files.stored_bytes(project), size))
 
     # ---------------------------------------------------------------- batches
 
@@ -70,10 +83,10 @@ class QuotaService:
         (``model`` given) that model's queued lines or enqueued tokens."""
         limits = self.settings.limits(project)
         if limits.batches_in_progress or limits.concurrent_validations:
-            self._raise(count_refusal(limits, *await self.batches.open_counts(project)))
+            self._raise(project, count_refusal(limits, *await self.batches.open_counts(project)))
         if model is not None and self.counts_queue(project):
             use = queued_use(await self.batches.enqueued(project)).get(model, ModelUse())
-            self._raise(queue_refusal(model, limits, use))
+            self._raise(project, queue_refusal(model, limits, use))
 
     async def admit(self, project: str) -> None:
         """After the batch was inserted (validating): 429 when the project's batches, this one
@@ -81,7 +94,7 @@ class QuotaService:
         limits = self.settings.limits(project)
         if limits.batches_in_progress or limits.concurrent_validations:
             unfinished, validating = await self.batches.open_counts(project)
-            self._raise(count_refusal(limits, unfinished - 1, validating - 1))
+            self._raise(project, count_refusal(limits, unfinished - 1, validating - 1))
 
     async def batch_refusal(
         self, project: str, batch_id: str, mine: Mapping[str, ModelUse], enqueued_at: int | None = None
@@ -101,6 +114,7 @@ class QuotaService:
         for model, adding in sorted(mine.items()):
             refusal = batch_refusal(model, limits, use.get(model, ModelUse()), adding)
             if refusal is not None:
+                REFUSALS.labels(refusal.limit).inc()
                 return refusal
         return None
 

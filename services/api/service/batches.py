@@ -392,7 +392,8 @@ class BatchService:
         if refusal is None:
             return False
         await self._fail(batch, [BatchError(code=refusal.code, message=refusal.message)])
-        log.info("batch failed a quota", extra={"batch_id": batch.id, "limit": refusal.limit})
+        extra = {"batch_id": batch.id, "project": batch.project, "limit": refusal.limit}
+        log.info("batch failed a quota", extra=extra)
         return True
 
     async def _save_order(self, batch_id: str, input_key: str, order: OrderBuilder) -> bool:

@@ -23,6 +23,7 @@ from pymongo import MongoClient
 from deploy.local import Stack
 from tests.support.http_batches import assert_error, create, create_batch, upload
 from tests.support.lines import CHAT, chat_line
+from tests.support.metrics import metric_value
 from tests.support.stacks import OwnStack
 from tests.support.waiting import wait_until
 
@@ -154,7 +155,9 @@ def test_an_upload_past_the_stored_bytes_answers_429_until_a_file_goes(api: Api)
     upload(bytes_api, b"y" * 1500, "b.txt", "user_data")
 
 
-def test_concurrent_creates_stop_at_the_batches_in_progress(api: Api) -> None:
+def test_concurrent_creates_stop_at_the_batches_in_progress(api: Api, quota_stack: Stack) -> None:
+    metrics = f"{quota_stack.base_url.removesuffix('/v1')}/metrics"
+    refusals = metric_value(metrics, "batchstream_api_quota_refusals_total", limit="batches_in_progress")
     file_id = upload(api("count"), lines(1, "a"))["id"]
     clients = [api("count") for _ in range(6)]
 
@@ -178,6 +181,10 @@ def test_concurrent_creates_stop_at_the_batches_in_progress(api: Api) -> None:
     assert "Limit: 2 batches in progress" in message
     listed = {b["id"] for b in api("count").get("/v1/batches").json()["data"]}
     assert listed == {a.json()["id"] for a in created}  # the refused ones left nothing
+    refused_now = sum(a.status_code == 429 for a in answers) + 1
+    assert metric_value(metrics, "batchstream_api_quota_refusals_total", limit="batches_in_progress") == (
+        refusals + refused_now
+    )
 
 
 def test_a_create_while_validations_fill_the_limit_answers_429(api: Api, quota_db: Any) -> None:
