@@ -54,3 +54,12 @@ def test_a_negative_default_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHSTREAM_QUOTA_QUEUED_LINES", "-5")
     with pytest.raises(ValidationError, match="queued_lines"):
         QuotaSettings()
+
+
+def test_empty_variables_keep_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docker compose passes an unset quota as an empty string."""
+    monkeypatch.setenv("BATCHSTREAM_QUOTA_CONCURRENT_VALIDATIONS", "")
+    monkeypatch.setenv("BATCHSTREAM_QUOTA_PROJECTS", "")
+    settings = QuotaSettings()
+    assert settings.concurrent_validations == QuotaSettings.model_fields["concurrent_validations"].default
+    assert settings.projects == {}
