@@ -132,6 +132,7 @@ TITLES = {
     "BATCHSTREAM_MONGO_": "MongoDB",
     "BATCHSTREAM_S3_": "Object storage",
     "BATCHSTREAM_API_": "api",
+    "BATCHSTREAM_QUOTA_": "Quotas",
     "BATCHSTREAM_INFERENCE_": "Inference worker",
     "BATCHSTREAM_AGGREGATOR_": "Aggregator",
 }

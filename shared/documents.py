@@ -30,6 +30,9 @@ Batch internal fields:
   model no worker serves: the dispatcher answers each ``model_not_found``. ``emitted_parts`` and
   ``settled_parts`` list the parts whose lines all went / all came back (``emitted`` and
   ``dispatch_settled`` are set once every part's is).
+- ``enqueued``: ``{model: {lines, tokens}}``, the batch's lines per model they name and their
+  estimated prompt tokens, set at validation with ``enqueued_at`` (nanoseconds); the api's
+  quotas count them down as lines get results (services/api/quotas/limits.py).
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
   of them (the console's plot of lines over time; pushed on the flush's own write).
 
@@ -87,6 +90,8 @@ class BatchDocument(StoredDocument, BatchBase):
     parts: list[dict[str, Any]] | None = None
     emitted_parts: list[int] = Field(default_factory=list)
     settled_parts: list[int] = Field(default_factory=list)
+    enqueued: dict[str, dict[str, int]] | None = None
+    enqueued_at: int | None = None
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
 
     def output_files_expire_at(self) -> int | None:

@@ -98,6 +98,18 @@ class PayloadTooLarge(BatchstreamError):
     default_code = "file_too_large"
 
 
+class QuotaExceeded(BatchstreamError):
+    """A project is at one of its quotas (services/api/quotas): 429, its ``type`` the limit's name
+    (as OpenAI's names what is limited), ``retry_after_s`` the response's ``retry-after``."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, limit: str, code: str, retry_after_s: int) -> None:
+        super().__init__(message, code=code)
+        self.error_type = limit
+        self.retry_after_s = retry_after_s
+
+
 class DependencyUnavailable(BatchstreamError):
     """A backing service (Kafka, MongoDB, object storage) cannot be reached; clients retry."""
 

@@ -18,7 +18,9 @@ from services.api.dispatch.settings import DispatchSettings
 from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
 from services.api.local_copies import LocalCopies, LocalFirstStore
 from services.api.openapi import install_openapi
-from services.api.routes import batches, files, health, models, partial, views
+from services.api.quotas.service import QuotaService
+from services.api.quotas.settings import QuotaSettings
+from services.api.routes import batches, files, health, limits, models, partial, views
 from services.api.routes.console import install_console
 from services.api.routes.health import MetricsServer
 from services.api.service.announcer import ControlAnnouncer
@@ -35,6 +37,7 @@ from shared.mongo import Mongo
 from shared.settings import (
     ApiSettings,
     KafkaSettings,
+    MediaSettings,
     MongoSettings,
     RuntimeSettings,
     StorageSettings,
@@ -57,6 +60,7 @@ LATENCY = Histogram("batchstream_api_request_seconds", "HTTP request latency", [
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     api_settings, kafka_settings = ApiSettings(), KafkaSettings()
     dispatch_settings = DispatchSettings()
+    quota_settings = QuotaSettings()  # a bad limit or override stops the start here
     webhook_endpoints = WebhookSettings().endpoints  # a bad url or secret stops the start here
     mongo = Mongo(MongoSettings(), timeout_s=DEPENDENCY_TIMEOUT_S)
     copies = LocalCopies.at(api_settings.input_copy_dir, api_settings.input_copy_bytes)
@@ -83,7 +87,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         batch_store = BatchStore(mongo.batches, on_end=recorder.batch_ended)
         file_store = FileStore(mongo.files)
         model_store = ModelStore(mongo.models)
-        file_service = FileService(file_store, batch_store, store, api_settings)
+        quotas = QuotaService(quota_settings, batch_store, file_store, model_store)
+        file_service = FileService(file_store, batch_store, store, api_settings, quotas)
         batch_service = BatchService(
             batch_store,
             model_store,
@@ -93,9 +98,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             ControlAnnouncer(producer, kafka_settings),
             api_settings,
             dispatch_settings,
+            quotas=quotas,
+            media=MediaSettings(),
         )
         app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
-        app.state.models = model_store
+        app.state.models, app.state.quotas = model_store, quotas
         app.state.partial = PartialOutputService(batch_store, file_store, store)
         app.state.error_lines = ErrorLinesService(app.state.partial, api_settings.max_list_bytes)
         app.state.overview = OverviewService(batch_store, model_store)
@@ -154,7 +161,7 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.middleware("http")(_observe)
-    for module in (files, batches, partial, views, models, health):
+    for module in (files, batches, partial, views, limits, models, health):
         app.include_router(module.router)
     install_console(app)
     return app

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from services.api.quotas.service import QuotaService
 from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
@@ -51,9 +52,14 @@ def _retry(request: Request) -> RetryService:
     return request.app.state.retry  # type: ignore[no-any-return]
 
 
+def _quotas(request: Request) -> QuotaService:
+    return request.app.state.quotas  # type: ignore[no-any-return]
+
+
 Project = Annotated[str, Depends(_project)]
 Files = Annotated[FileService, Depends(_files)]
 Batches = Annotated[BatchService, Depends(_batches)]
 ErrorLines = Annotated[ErrorLinesService, Depends(_error_lines)]
 Overview = Annotated[OverviewService, Depends(_overview)]
 Retry = Annotated[RetryService, Depends(_retry)]
+Quotas = Annotated[QuotaService, Depends(_quotas)]

@@ -13,7 +13,7 @@ from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeo
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from urllib3.exceptions import HTTPError as StorageConnectionError
 
-from shared.errors import BatchstreamError, DependencyUnavailable, ErrorBody, echo
+from shared.errors import BatchstreamError, DependencyUnavailable, ErrorBody, QuotaExceeded, echo
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,8 @@ DEPENDENCY_TIMEOUT_S = 8.0
 
 def error_response(error: BatchstreamError) -> JSONResponse:
     headers = {"retry-after": RETRY_AFTER_S} if error.status_code == 503 else None
+    if isinstance(error, QuotaExceeded):
+        headers = {"retry-after": str(error.retry_after_s)}
     return JSONResponse(error.body().to_json(), status_code=error.status_code, headers=headers)
 
 

@@ -51,6 +51,7 @@ _DESCRIPTIONS = {
     404: "No such object in this project.",
     409: "The object's state does not allow this.",
     413: "The upload is over the size limit.",
+    429: "The project is at one of its quotas (the error's type names it); retry after Retry-After seconds.",
     500: "An unexpected server error.",
     503: "A dependency (MongoDB, object storage, Kafka) is unavailable; retry after Retry-After seconds.",
 }
@@ -94,6 +95,8 @@ def _corrected(doc: dict[str, Any]) -> dict[str, Any]:
             for status in statuses:
                 responses.setdefault(str(status), {"description": _DESCRIPTIONS[status], "content": error})
             responses["503"]["headers"] = _RETRY_AFTER
+            if "429" in responses:
+                responses["429"]["headers"] = _RETRY_AFTER
     health = doc["paths"]["/health"]["get"]["responses"]
     body = {"application/json": {"schema": {"$ref": "#/components/schemas/HealthStatus"}}}
     health["200"]["content"] = body

@@ -415,6 +415,32 @@ def models(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     out.print(table)
 
 
+# ------------------------------------------------------------------------------------- limits
+
+
+def _use(quota: dict[str, Any]) -> str:
+    limit = quota.get("limit")
+    return f"{quota.get('used', 0)} / {limit if limit is not None else 'unlimited'}"
+
+
+@app.command("limits")
+def limits(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """The project's quotas and its use of each (batchstream's `GET /v1/limits`)."""
+    view: dict[str, Any] = _client(ctx).get("/limits", cast_to=object)  # type: ignore[arg-type]
+    if as_json:
+        _print_json(view)
+        return
+    out.print(f"[bold]project[/] {view.get('project', '')}", soft_wrap=True)
+    table = _table("quota", "used / limit")
+    for name in ("stored_bytes", "batches_in_progress", "concurrent_validations"):
+        table.add_row(name, _use(view.get(name) or {}))
+    out.print(table)
+    per_model = _table("model", "queued_lines", "enqueued_tokens (estimated)")
+    for row in view.get("models") or []:
+        per_model.add_row(row["model"], _use(row["queued_lines"]), _use(row["enqueued_tokens"]))
+    out.print(per_model)
+
+
 # --------------------------------------------------------------------------------------- keys
 
 MongoUri = Annotated[

@@ -71,3 +71,35 @@ class UsageRow(BaseModel):
     cached_tokens: int
     output_tokens: int
     total_tokens: int
+
+
+class LimitUse(BaseModel):
+    """One quota of a project and its use (``GET /v1/limits``)."""
+
+    limit: int | None = Field(description="The limit; null when unlimited.")
+    used: int
+
+    @classmethod
+    def of(cls, limit: int, used: int) -> LimitUse:
+        return cls(limit=limit or None, used=used)
+
+
+class ModelLimits(BaseModel):
+    """A project's per-model quotas on one model and its use of them."""
+
+    model: str
+    queued_lines: LimitUse = Field(description="Lines of unfinished batches without a result yet.")
+    enqueued_tokens: LimitUse = Field(
+        description="Prompt tokens of those lines, estimated: UTF-8 bytes / 4, rounded up."
+    )
+
+
+class ProjectLimitsView(BaseModel):
+    """``GET /v1/limits``: the calling project's quotas and its use of each."""
+
+    object: Literal["limits"] = "limits"
+    project: str
+    stored_bytes: LimitUse = Field(description="Bytes of the project's files.")
+    batches_in_progress: LimitUse = Field(description="Batches not yet ended.")
+    concurrent_validations: LimitUse = Field(description="Batches validating now.")
+    models: list[ModelLimits] = Field(description="Per model: served models and those with use.")

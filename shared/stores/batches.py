@@ -145,6 +145,17 @@ class BatchSummary:
         return self.terminal or (self.status in lifecycle.RUNNING and self.total > 0)
 
 
+@dataclass(frozen=True)
+class EnqueuedBatch:
+    """What the api's quotas read of an unfinished batch (services/api/quotas)."""
+
+    batch_id: str
+    total: int
+    done: int  # lines with a result (completed + failed)
+    enqueued: Mapping[str, Mapping[str, int]]  # model -> {lines, tokens}, set at validation
+    enqueued_at: int  # nanoseconds, when it was set
+
+
 def _sample(now: float, counts: LiveCounts) -> Document:
     """A ``$push`` of one progress sample, keeping the newest ``PROGRESS_SAMPLES``."""
     return {"$each": [[now, counts.completed, counts.failed]], "$slice": -PROGRESS_SAMPLES}
@@ -286,11 +297,21 @@ class BatchStore:
         total: int,
         prefix_order: bool = False,
         parts: list[dict[str, Any]] | None = None,
+        enqueued: Mapping[str, Mapping[str, int]] | None = None,
+        enqueued_at: int = 0,
     ) -> bool:
         """validating -> in_progress, with the model, the number of request lines, whether a
-        dispatch order was made (``services/api/dispatch/order.py``) and the lines' parts by base
-        model (``shared/documents.py``)."""
-        fields = {"model": model, "request_counts.total": total, "prefix_order": prefix_order, "parts": parts}
+        dispatch order was made (``services/api/dispatch/order.py``), the lines' parts by base
+        model and the lines and estimated tokens per model the quotas count (``enqueued``,
+        ``shared/documents.py``)."""
+        fields: Document = {
+            "model": model,
+            "request_counts.total": total,
+            "prefix_order": prefix_order,
+            "parts": parts,
+        }
+        if enqueued is not None:
+            fields |= {"enqueued": {m: dict(c) for m, c in enqueued.items()}, "enqueued_at": enqueued_at}
         return await self._move(batch_id, "in_progress", fields)
 
     async def fail(self, batch_id: str, errors: Iterable[BatchError]) -> bool:
@@ -439,6 +460,40 @@ class BatchStore:
         if not (doc or {}).get("mixed_models"):
             return [batch_id]
         return [dispatch_unit(batch_id, i) for i in range(len(parts))]
+
+    # ---------------------------------------------------------------- quotas (services/api/quotas)
+
+    async def open_counts(self, project: str) -> tuple[int, int]:
+        """The project's batches not yet ended and those of them validating."""
+        query: Document = {"project": project, "status": {"$in": sorted(lifecycle.OPEN)}}
+        unfinished = await self._batches.count_documents(query)
+        validating = await self._batches.count_documents({**query, "status": "validating"})
+        return unfinished, validating
+
+    async def enqueued(self, project: str) -> list[EnqueuedBatch]:
+        """The project's unfinished batches that were validated, with their lines and tokens."""
+        query = {"project": project, "status": {"$in": sorted(lifecycle.OPEN)}}
+        projection = {"request_counts": 1, "enqueued": 1, "enqueued_at": 1}
+        found = []
+        async for doc in self._batches.find(query, projection):
+            if not doc.get("enqueued"):
+                continue  # still validating
+            counts = doc.get("request_counts") or {}
+            done = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
+            found.append(
+                EnqueuedBatch(
+                    batch_id=str(doc["_id"]),
+                    total=int(counts.get("total") or 0),
+                    done=done,
+                    enqueued=doc["enqueued"],
+                    enqueued_at=int(doc.get("enqueued_at") or 0),
+                )
+            )
+        return found
+
+    async def withdraw(self, batch_id: str) -> None:
+        """Remove a batch whose create was refused before it was answered (still validating)."""
+        await self._batches.delete_one({"_id": batch_id, "status": "validating"})
 
     # ---------------------------------------------------------------- views (the console's)
 

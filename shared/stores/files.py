@@ -69,6 +69,17 @@ class FileStore:
         cursor = self._files.find(query).sort([("sort_key", direction), ("_id", direction)])
         return [FileDocument.model_validate(d) for d in await cursor.limit(limit).to_list()]
 
+    async def stored_bytes(self, project: str) -> int:
+        """Bytes of the project's visible files (not deleted, not expired): its stored-bytes use."""
+        match = {
+            "project": project,
+            "deleted": {"$ne": True},
+            "$or": [{"expires_at": None}, {"expires_at": {"$gt": int(time.time())}}],
+        }
+        stages: list[Document] = [{"$match": match}, {"$group": {"_id": None, "bytes": {"$sum": "$bytes"}}}]
+        rows = await (await self._files.aggregate(stages)).to_list()
+        return int(rows[0]["bytes"]) if rows else 0
+
     async def hide(self, file_id: str) -> None:
         """Mark deleted: the file is gone for its project; the bytes may still be kept."""
         await self._files.update_one({"_id": file_id}, {"$set": {"deleted": True}})

@@ -55,6 +55,10 @@ class IdempotencyStore:
             created_at=doc["created_at"],
         )
 
+    async def release(self, slot: str, batch_id: str) -> None:
+        """Free the slot if ``batch_id`` still holds it."""
+        await self._claims.delete_one({"_id": slot, "batch_id": batch_id})
+
     async def take_over(self, stale: Claim, claim: Claim) -> None:
         """Replace a stale claim (only if it is still the one read)."""
         await self._claims.replace_one({"_id": stale.slot, "created_at": stale.created_at}, claim.to_mongo())

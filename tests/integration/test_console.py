@@ -334,6 +334,9 @@ def test_status_filter_files_models_and_usage_pages(
     assert mine["completed"] >= 2 and mine["output_tokens"] > 0
     expect(page.locator("#usage tbody")).to_contain_text(model_id)
     expect(page.locator("#usage tbody")).to_contain_text(f"{mine['output_tokens']:,}")
+    expect(page.locator("#limits")).to_contain_text(
+        f"{http.get('/v1/limits').json()['batches_in_progress']['limit']:,}"
+    )
     console.shot("usage")
 
 

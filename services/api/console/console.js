@@ -719,7 +719,8 @@ function usagePage(query, view) {
   const summary = h("p", { class: "muted" }, "Loading…");
   const select = h("select", { id: "usage-days", onchange: (e) => { location.hash = `#/usage?days=${e.target.value}`; } },
     [7, 30, 90, 365].map((n) => h("option", { value: n, selected: n === days }, `last ${n} days`)));
-  setPage("Usage", h("h1", {}, "Usage"),
+  setPage("Usage", h("h1", {}, "Usage"), limitsPanel(view),
+    h("h2", {}, "Lines and tokens"),
     h("div", { class: "toolbar" }, h("label", {}, "Period", select)), summary,
     h("div", { class: "scroll" }, h("table", { id: "usage" },
       h("thead", {}, h("tr", {}, ["Day (UTC)", "Model"].map((t) => h("th", {}, t)),
@@ -735,6 +736,29 @@ function usagePage(query, view) {
     tfoot.replaceChildren(h("tr", {}, h("th", {}, "All"), h("th", {}, ""), cells(total)));
     summary.textContent = page.data.length ? `Batches created in the last ${days} days, per model and day.` : `No batches in the last ${days} days.`;
   }).catch((err) => summary.replaceChildren(notice(err.message)));
+}
+
+// The project's quotas and its use of each (GET /v1/limits); a limit of null is unlimited.
+function limitsPanel(view) {
+  const note = h("p", { class: "muted" }, "Loading…");
+  const tbody = h("tbody", {});
+  const panel = h("section", { class: "card", id: "limits" }, h("h2", {}, "Limits"), note,
+    h("div", { class: "scroll" }, h("table", {},
+      h("thead", {}, h("tr", {}, h("th", {}, "Quota"), h("th", {}, "Model"), h("th", { class: "num" }, "Used"), h("th", { class: "num" }, "Limit"))),
+      tbody)));
+  const row = (name, model, quota, fmt = fmtInt) => h("tr", { "data-quota": name },
+    h("td", {}, name), h("td", { class: "id" }, model || "—"),
+    h("td", { class: "num" }, fmt(quota.used)), h("td", { class: "num" }, quota.limit === null ? "unlimited" : fmt(quota.limit)));
+  api("/v1/limits").then((limits) => {
+    if (view !== state.view) return;
+    tbody.replaceChildren(
+      row("stored bytes", null, limits.stored_bytes, fmtBytes),
+      row("batches in progress", null, limits.batches_in_progress),
+      row("concurrent validations", null, limits.concurrent_validations),
+      ...limits.models.flatMap((m) => [row("queued lines", m.model, m.queued_lines), row("enqueued tokens (estimated)", m.model, m.enqueued_tokens)]));
+    note.textContent = `Project ${limits.project}: a request past a limit answers 429; a batch past a model's limit fails.`;
+  }).catch((err) => note.replaceChildren(notice(err.message)));
+  return panel;
 }
 
 // ------------------------------------------------------------------ routing

@@ -31,7 +31,7 @@ def parse_statuses(raw: str | None) -> frozenset[str] | None:
     return wanted
 
 
-@router.post("", response_model=Batch, responses=errors(404))
+@router.post("", response_model=Batch, responses=errors(404, 429))
 async def create_batch(
     project: Project,
     batches: Batches,
@@ -76,7 +76,7 @@ class RetryParams(BaseModel):
     )
 
 
-@router.post("/{batch_id}/retry", response_model=Batch, responses=errors(400, 404, 409))
+@router.post("/{batch_id}/retry", response_model=Batch, responses=errors(400, 404, 409, 429))
 async def retry_batch(
     project: Project, retry: Retry, batch_id: str, params: RetryParams | None = None
 ) -> Batch:

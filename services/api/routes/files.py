@@ -16,7 +16,7 @@ from shared.protocol.openai import FileDeleted, FileObject, ListObject
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
-@router.post("", response_model=FileObject, responses=errors(413))
+@router.post("", response_model=FileObject, responses=errors(413, 429))
 async def upload_file(
     project: Project,
     files: Files,

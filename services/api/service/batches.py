@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import IO, Any
 
+import orjson
 import urllib3
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pymongo.errors import ConnectionFailure
@@ -16,6 +19,8 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
 from services.api.dispatch.order import NO_GROUPS, OrderBuilder, PartOrders
 from services.api.dispatch.settings import DispatchSettings
+from services.api.quotas.limits import ModelUse
+from services.api.quotas.service import QuotaService
 from services.api.schemas import BatchCreateParams
 from services.api.service.announcer import ControlAnnouncer
 from services.api.service.files import FileService, page
@@ -23,9 +28,10 @@ from services.api.service.idempotency import CreateDeduplicator
 from services.api.service.validation import InputValidator
 from shared import ids
 from shared.documents import BatchDocument, FileDocument, sort_key
-from shared.errors import Conflict, InvalidRequest, NotFound, echo
+from shared.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, echo
 from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
+from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.messages import ControlMessage
 from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
@@ -85,6 +91,7 @@ class BatchService:
         settings: ApiSettings,
         dispatch: DispatchSettings,
         media: MediaSettings | None = None,
+        quotas: QuotaService | None = None,
     ) -> None:
         self.batches = batches
         self.models = models
@@ -94,6 +101,7 @@ class BatchService:
         self.settings = settings
         self.dispatch = dispatch
         self.media_domains = (media or MediaSettings()).domains
+        self.quotas = quotas  # None: no quotas
         self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
@@ -145,9 +153,51 @@ class BatchService:
             prefix_order=self.dispatch.prefix_order and params.prefix_order is not False,
             mixed_models=bool(params.mixed_models),
         )
+        release = functools.partial(
+            self.dedupe.release, project, params.model_dump(), idempotency_key, batch_id
+        )
+        try:
+            await self._check_quotas(batch, input_file)
+        except Exception:  # refused, or an outage: a retry of this create may claim the slot
+            with contextlib.suppress(Exception):
+                await release()
+            raise
         await self.batches.insert(batch)
+        if self.quotas is not None:
+            try:  # counted again with itself in: racing creates never pass a limit together
+                await self.quotas.admit(project)
+            except QuotaExceeded:
+                await self.batches.withdraw(batch_id)
+                await release()
+                raise
         self.start_processing(batch, input_file)
         return batch.public()
+
+    async def _check_quotas(self, batch: BatchDocument, input_file: FileDocument) -> None:
+        """429 when the batch's project is at a quota a create checks (services/api/quotas); the
+        per-model ones for the model the file's first line names."""
+        if self.quotas is None:
+            return
+        model = None
+        if not batch.mixed_models and self.quotas.counts_queue(batch.project):
+            model = await self._first_model(input_file)
+        await self.quotas.check_create(batch.project, model)
+
+    async def _first_model(self, input_file: FileDocument) -> str | None:
+        """The model the input file's first request line names (None when it names none): the
+        model whose queue a create is checked against (validation checks every line)."""
+        lines = request_lines(self.store.iter_chunks(input_file.object_key))
+        try:
+            async for line in lines:
+                item = orjson.loads(line.raw.removeprefix(UTF8_BOM))
+                body = item.get("body") if isinstance(item, dict) else None
+                model = body.get("model") if isinstance(body, dict) else None
+                return model if isinstance(model, str) else None
+        except orjson.JSONDecodeError:
+            return None
+        finally:
+            await lines.aclose()  # type: ignore[attr-defined]
+        return None
 
     async def document(self, project: str, batch_id: str) -> BatchDocument:
         batch = await self.batches.get(batch_id, project)
@@ -305,6 +355,8 @@ class BatchService:
                     extra={"batch_id": batch.id, "errors": report.error_count},
                 )
                 return None
+            if await self._over_quota(batch, report.enqueued):
+                return None
             ordered = order is not None and await self._save_order(batch.id, input_file.object_key, order)
             stored = None
             if parts is not None:
@@ -315,8 +367,15 @@ class BatchService:
                     made.close()  # their temporary files
         if stored is None:  # one model: its base model's workers run every line
             stored = [{"model": report.base, "lines": report.lines}]
-        if not await self.batches.start(batch.id, report.model, report.lines, ordered, stored):
+        enqueued = {model: use.stored() for model, use in report.enqueued.items()}
+        enqueued_at = time.time_ns()
+        if not await self.batches.start(
+            batch.id, report.model, report.lines, ordered, stored, enqueued, enqueued_at
+        ):
             return None  # cancelled (or ended) meanwhile
+        # Counted again against the batches that stored theirs first: the first ones in win.
+        if await self._over_quota(batch, report.enqueued, enqueued_at):
+            return None
         counts = batch.request_counts.model_copy(update={"total": report.lines})
         return batch.model_copy(
             update={
@@ -326,6 +385,20 @@ class BatchService:
                 "prefix_order": ordered,
             }
         )
+
+    async def _over_quota(
+        self, batch: BatchDocument, mine: Mapping[str, ModelUse], enqueued_at: int | None = None
+    ) -> bool:
+        """Fail the batch when its lines or tokens would take its project past a per-model quota."""
+        if self.quotas is None:
+            return False
+        refusal = await self.quotas.batch_refusal(batch.project, batch.id, mine, enqueued_at)
+        if refusal is None:
+            return False
+        await self._fail(batch, [BatchError(code=refusal.code, message=refusal.message)])
+        extra = {"batch_id": batch.id, "project": batch.project, "limit": refusal.limit}
+        log.info("batch failed a quota", extra=extra)
+        return True
 
     async def _save_order(self, batch_id: str, input_key: str, order: OrderBuilder) -> bool:
         """Write the batch's dispatch order beside its input (the lines in that order); False

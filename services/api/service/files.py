@@ -9,9 +9,10 @@ from typing import IO, TypeVar
 from pydantic import BaseModel
 from pydantic_core import to_json
 
+from services.api.quotas.service import QuotaService
 from shared import ids
 from shared.documents import FileDocument
-from shared.errors import InvalidRequest, NotFound, PayloadTooLarge, echo
+from shared.errors import InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded, echo
 from shared.protocol.openai import Batch, FileObject, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings
@@ -25,12 +26,18 @@ MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 2_592_000
 
 class FileService:
     def __init__(
-        self, documents: FileStore, batches: BatchStore, store: ObjectStore, settings: ApiSettings
+        self,
+        documents: FileStore,
+        batches: BatchStore,
+        store: ObjectStore,
+        settings: ApiSettings,
+        quotas: QuotaService | None = None,
     ) -> None:
         self.documents = documents
         self.batches = batches
         self.store = store
         self.settings = settings
+        self.quotas = quotas  # None: no quotas
 
     async def upload(
         self,
@@ -42,10 +49,18 @@ class FileService:
         expires_after_seconds: int | None = None,
     ) -> FileObject:
         self._check_upload(filename, purpose, size, expires_after_seconds)
+        if self.quotas is not None:
+            await self.quotas.check_upload(project, size or 0)
         now = int(time.time())
         file_id = ids.file_id()
         key = file_key(file_id)
         stored = await self.store.put_stream(key, stream, size if size is not None else -1)
+        if self.quotas is not None and size is None:  # its size is known only now
+            try:
+                await self.quotas.check_upload(project, stored.size)
+            except QuotaExceeded:
+                await self.store.delete(key)
+                raise
         public = FileObject(
             id=file_id,
             bytes=stored.size,

@@ -38,7 +38,7 @@ class CreateDeduplicator:
         """Claim the slot for ``batch_id``; return the id of an earlier batch that holds it, if any."""
         digest = fingerprint(params)
         explicit = bool(idempotency_key)
-        slot = f"{project}:key:{idempotency_key}" if explicit else f"{project}:body:{digest}"
+        slot = _slot(project, digest, idempotency_key)
         claim = Claim(slot=slot, batch_id=batch_id, fingerprint=digest, created_at=time.time())
         if await self.claims.claim(claim):
             return None
@@ -58,6 +58,12 @@ class CreateDeduplicator:
         await self._wait_for_batch(held.batch_id)
         return held.batch_id
 
+    async def release(
+        self, project: str, params: dict[str, Any], idempotency_key: str | None, batch_id: str
+    ) -> None:
+        """Give back the slot ``batch_id`` claimed (its create was refused): a retry may win it."""
+        await self.claims.release(_slot(project, fingerprint(params), idempotency_key), batch_id)
+
     async def _wait_for_batch(self, batch_id: str) -> None:
         """The winner writes its batch right after claiming; wait for it to appear."""
         deadline = time.monotonic() + WAIT_FOR_WINNER_S
@@ -65,3 +71,7 @@ class CreateDeduplicator:
             if time.monotonic() > deadline:
                 return
             await asyncio.sleep(0.05)
+
+
+def _slot(project: str, digest: str, idempotency_key: str | None) -> str:
+    return f"{project}:key:{idempotency_key}" if idempotency_key else f"{project}:body:{digest}"

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from services.api.dispatch.order import RUN_BYTES, OrderBuilder, PartOrders, prompt_text
+from services.api.quotas.limits import ModelUse, estimate_tokens
 from services.api.spill import SortedRuns
 from shared import media
 from shared.errors import echo
@@ -76,6 +77,7 @@ class ValidationReport:
     served_lines: int = 0  # lines naming a served model (of a mixed batch: the rest are refused)
     errors: list[BatchError] = field(default_factory=list)
     error_count: int = 0
+    enqueued: dict[str, ModelUse] = field(default_factory=dict)  # lines and tokens by served model
 
     @property
     def ok(self) -> bool:
@@ -111,6 +113,8 @@ class InputValidator:
                     continue  # the batch fails anyway: the lines are only counted
                 body = self._check_line(line.number, line.raw)
                 text = prompt_text(self.endpoint, body) if body is not None else None
+                if body is not None:
+                    self._enqueue(body, text, line.raw)
                 if self.order is not None:
                     self.order.add(line, text)
                 elif self.parts is not None and body is not None:
@@ -136,6 +140,18 @@ class InputValidator:
             report.errors, report.error_count, self.max_reported_errors, self.max_reported_error_bytes
         )
         return report
+
+    def _enqueue(self, body: dict[str, Any], text: str | None, raw: bytes) -> None:
+        """Count the line and its estimated prompt tokens under the served model it names (the
+        quotas', services/api/quotas/limits.py): the prompt, or the whole line where the endpoint
+        has none."""
+        model = body.get("model")
+        if isinstance(model, str) and model in self.known_models:
+            use = self._report.enqueued.get(model)
+            if use is None:
+                use = self._report.enqueued[model] = ModelUse()
+            use.lines += 1
+            use.tokens += estimate_tokens(text if text is not None else raw)
 
     def _report_repeats(self) -> None:
         """Every line whose custom_id an earlier line has, merged into the errors in line order

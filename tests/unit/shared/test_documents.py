@@ -48,6 +48,8 @@ STORED_BATCH_FIELDS = {
     "parts",
     "emitted_parts",
     "settled_parts",
+    "enqueued",
+    "enqueued_at",
     "end_recorded",
 }
 STORED_FILE_FIELDS = {
