@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Annotated, Any
 
 from pydantic import (
@@ -27,6 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_API_KEY = "sk-batchstream-local"
 DEV_S3_SECRET = "batchstream-local-secret"
+DEV_KAFKA_SIGNING_KEY = "batchstream-local-kafka-signing-key"
 
 
 def _config(prefix: str) -> SettingsConfigDict:
@@ -77,6 +79,10 @@ class RuntimeSettings(BaseSettings):
             return self
         if ApiSettings().keys == DEV_API_KEY or StorageSettings().secret_key == DEV_S3_SECRET:
             raise ValueError("set BATCHSTREAM_API_KEYS and BATCHSTREAM_S3_SECRET_KEY outside development")
+        if KafkaSettings().signing_key == DEV_KAFKA_SIGNING_KEY:
+            raise ValueError(
+                "set BATCHSTREAM_KAFKA_SIGNING_KEY outside development (the api and workers share it)"
+            )
         return self
 
 
@@ -93,10 +99,28 @@ class KafkaSettings(BaseSettings):
     """Partitions of a ``requests.<model>`` topic when a service creates it: the most workers one
     model can use at once."""
     results_partitions: int = 4
-    """Partitions of the ``results`` and ``control`` topics and of the aggregator's table when
-    created: the most aggregator workers that share the work."""
+    """Partitions of the ``results``, ``control`` and ``dead-letters`` topics and of the
+    aggregator's table when created: the most aggregator workers that share the work."""
     replication_factor: int = 1
     """Replication factor of the topics a service creates."""
+    signing_key: str = Field(default=DEV_KAFKA_SIGNING_KEY, min_length=16, repr=False)
+    """Key of the HMAC-SHA256 with which the api signs each batch line's request message and the
+    workers check it (docs/kafka-protocol.md#signed-batch-lines); the api and every worker must
+    share it. The default (the local stack's) is refused outside development."""
+    reply_topic_pattern: str = r"^[A-Za-z0-9._-]+$"
+    """Regular expression a request's ``reply_topic`` must match (searched), besides being a legal
+    Kafka topic name that no service owns; e.g. ``^replies\\.`` lets pipelines answer only to
+    topics named ``replies.*``. A request with another reply topic is not run: it goes to the
+    dead-letter topic."""
+
+    @field_validator("reply_topic_pattern")
+    @classmethod
+    def _pattern_compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"reply_topic_pattern is not a regular expression: {e}") from e
+        return pattern
 
 
 class MongoSettings(BaseSettings):

@@ -44,6 +44,11 @@ GENERATED_TOKENS = Counter("batchstream_inference_generated_tokens_total", "Comp
 SKIPPED = Counter(
     "batchstream_inference_skipped_messages_total", "Messages that were not valid request messages."
 )
+DEAD_LETTERS = Counter(
+    "batchstream_inference_dead_letters_total",
+    "Request messages put on the dead-letter topic (not run, or their reply refused), by reason.",
+    ["reason"],
+)
 ENGINE_RETRIES = Counter(
     "batchstream_inference_engine_retries_total",
     "Engine calls tried again after a failure that may pass (a 5xx answer, or an exception).",
