@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
 from aiokafka import ConsumerRecord
@@ -195,6 +195,14 @@ PROBED_TOPICS = 4096
 """Most reply topics whose answer is remembered (the oldest are forgotten first)."""
 
 
+class TopicDescriber(Protocol):
+    """What the probe asks of aiokafka's admin client."""
+
+    async def describe_topics(self, topics: list[str] | None = None) -> list[Any]: ...
+
+    async def close(self) -> None: ...
+
+
 class ReplyTopicProbe:
     """Whether a reply topic can take messages, asked of the broker once (one metadata request,
     shared by every request naming it at once) and remembered a while.
@@ -205,10 +213,15 @@ class ReplyTopicProbe:
     once, before it runs. A broker that cannot be asked is no answer: the send decides.
     """
 
-    def __init__(self, bootstrap_servers: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        clock: Callable[[], float] = time.monotonic,
+        admin: TopicDescriber | None = None,
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.clock = clock
-        self._admin: AIOKafkaAdminClient | None = None
+        self._admin = admin  # started at first use when not given
         self._answers: dict[str, tuple[float, str | None]] = {}
         self._asking: dict[str, asyncio.Future[str | None]] = {}
 
@@ -227,9 +240,9 @@ class ReplyTopicProbe:
     async def _ask(self, topic: str) -> str | None:
         try:
             if self._admin is None:
-                admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
-                await admin.start()
-                self._admin = admin
+                client = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+                await client.start()
+                self._admin = client
             described = await self._admin.describe_topics([topic])
         except KafkaError as exc:
             log.warning("could not ask the broker about a reply topic: %r", exc)
