@@ -286,13 +286,18 @@ class RequestConsumer:
     async def _outcome(self, record: ConsumerRecord[Any, Any], where: str) -> Answer | Refusal:
         """The message's answer (run on the engine when the intake says so), or its refusal."""
         verdict = self.intake.judge(record)
-        if not isinstance(verdict, Run):
+        if isinstance(verdict, Refusal):
             return verdict
-        message = verdict.message
         if verdict.reply_topic is not None and self.reply_probe is not None:
             problem = await self.reply_probe.problem(verdict.reply_topic)
-            if problem is not None:
-                return Refusal("reply_undeliverable", problem, message.request_id, verdict.reply_topic)
+            if problem is not None:  # refused before any engine time is spent on it
+                request_id = (
+                    verdict.message.request_id if isinstance(verdict, Run) else verdict.result.request_id
+                )
+                return Refusal("reply_undeliverable", problem, request_id, verdict.reply_topic)
+        if isinstance(verdict, Answer):
+            return verdict
+        message = verdict.message
         if log.isEnabledFor(logging.DEBUG):
             context = {"batch_id": message.batch_id, "custom_id": message.custom_id, "at": where}
             log.debug("running request", extra=context)

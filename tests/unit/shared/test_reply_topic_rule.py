@@ -5,6 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
+from shared.kafka_client import KafkaRequestClient
 from shared.settings import KafkaSettings
 from shared.topics import ReplyTopicRule
 
@@ -62,3 +63,9 @@ def test_an_aggregator_with_another_app_id_keeps_its_topics() -> None:
     rule = ReplyTopicRule(KafkaSettings(), "agg-eu")
     problem = rule.problem("agg-eu-batch-state-changelog")
     assert problem is not None and problem[0] == "reply_topic_internal"
+
+
+@pytest.mark.parametrize("topic", ["bad topic name!", "results", "requests.m"])
+def test_the_python_helper_refuses_a_reply_topic_no_worker_would_answer(topic: str) -> None:
+    with pytest.raises(ValueError, match="reply_topic"):
+        KafkaRequestClient("m", topic, KafkaSettings())
