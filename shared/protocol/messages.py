@@ -79,9 +79,15 @@ class RequestMessage(BaseModel):
     method: Literal["POST"] = "POST"
     url: str
     body: dict[str, Any]
-    batch_id: str | None = None
+    batch_id: str | None = Field(
+        default=None, description="Set by the api only (its messages are signed); leave null."
+    )
     line: int | None = Field(default=None, description="1-based line in the input file.")
-    reply_topic: str | None = Field(default=None, description="Default: the results topic.")
+    reply_topic: str | None = Field(
+        default=None,
+        description="Where the result goes; required unless the api sent the message (its batch "
+        "lines go to the results topic).",
+    )
     defaults: SamplingDefaults | None = None
     expires_at: float | None = Field(default=None, description="Unix seconds; not run after.")
 
