@@ -37,6 +37,7 @@ from services.inference.intake import Answer, Refusal, ReplyTopicProbe, RequestI
 from services.inference.offsets import OffsetTracker
 from services.inference.publisher import ResultPublisher, Undeliverable
 from services.inference.settings import InferenceSettings, default
+from shared.protocol.messages import RESULT_TOO_LARGE_CODE, RESULT_TOO_LARGE_MESSAGE, LineError
 from shared.settings import AggregatorSettings, KafkaSettings
 from shared.topics import dead_letters_topic, inference_group, requests_topic, results_topic
 
@@ -272,7 +273,15 @@ class RequestConsumer:
         if isinstance(outcome, Refusal):
             await self._dead_letter(record, outcome, where)
         elif outcome.reply_topic is None:
-            await self.publisher.publish(outcome.result, self.results_topic, group=True, where=where)
+            try:
+                await self.publisher.publish(outcome.result, self.results_topic, group=True, where=where)
+            except Undeliverable as exc:  # too large for the broker: the line becomes an error line
+                log.warning("a result is too large for the broker: %s", exc, extra={"at": where})
+                error = LineError(
+                    code=RESULT_TOO_LARGE_CODE, message=RESULT_TOO_LARGE_MESSAGE.format(detail=exc)
+                )
+                failed = outcome.result.model_copy(update={"response": None, "usage": None, "error": error})
+                await self.publisher.publish(failed, self.results_topic, group=True, where=where)
         else:
             try:
                 await self.publisher.reply(outcome.result, outcome.reply_topic, where=where)

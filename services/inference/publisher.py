@@ -51,17 +51,22 @@ GROUP_MAX_RESULTS = 1_000
 GROUP_MAX_BYTES = 512 * 1024
 """Below Kafka's default limit on a message (1 MiB), so a broker with defaults takes any group."""
 PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
+TOO_LARGE: tuple[type[Exception], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
+"""Refusals of one record for its size: another try gets the same answer."""
 UNDELIVERABLE: tuple[type[Exception], ...] = (
     InvalidTopicError,
     UnknownTopicOrPartitionError,  # aiokafka raises it once the topic stayed unknown for its timeout
     TopicAuthorizationFailedError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
     PolicyViolationError,
+    *TOO_LARGE,
 )
 """Refusals of one topic or one record: a reply topic's are not retried (``Undeliverable``)."""
 REPLY_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,), except_errors=UNDELIVERABLE)
+ALONE_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,), except_errors=TOO_LARGE)
 
 
 class Undeliverable(Exception):
@@ -125,11 +130,17 @@ class ResultPublisher:
 
     async def publish(self, result: ResultMessage, topic: str, *, group: bool, where: str) -> None:
         """Publish ``result`` on ``topic`` and wait for the broker's acknowledgement; ``group``:
-        it may travel with others of its batch. The last failure propagates."""
+        it may travel with others of its batch. A result sent alone that is too large for the
+        broker raises ``Undeliverable`` (a group stays under any broker's default limit); any
+        other last failure propagates."""
         value = result.to_json()
         if not group or result.batch_id is None or len(value) > GROUP_MAX_BYTES:
             key = (result.batch_id or result.request_id).encode()
-            await self._send(topic, key, value, 1, {"batch_id": result.batch_id, "at": where})
+            context = {"batch_id": result.batch_id, "at": where}
+            try:
+                await self._send(topic, key, value, 1, context, ALONE_RETRY)
+            except TOO_LARGE as exc:
+                raise Undeliverable(f"{type(exc).__name__}: {len(value)} bytes") from exc
             return
         slot = self._slots.setdefault((topic, result.batch_id), _Slot())
         joined = slot.open
@@ -214,7 +225,7 @@ class ResultPublisher:
             await first_then_retrying(attempt, rule, retrying)
         except KafkaError as exc:
             if isinstance(exc, rule.except_errors):  # refused for its topic or record: the caller's
-                log.warning("a reply was refused: %r", exc, extra=context)
+                log.warning("a result was refused: %r", exc, extra=context)
                 raise
             metrics.PUBLISH_FAILURES.inc()
             log.error("publishing results failed for good; stopping uncommitted", extra=context)

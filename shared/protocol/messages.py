@@ -593,6 +593,9 @@ BATCH_NOT_VERIFIED_MESSAGE = (
     "leave batch_id and line null."
 )
 
+RESULT_TOO_LARGE_CODE = "result_too_large"
+RESULT_TOO_LARGE_MESSAGE = "This request's result was larger than the broker accepts ({detail})."
+
 
 class DeadLetter(BaseModel):
     """A request message a worker did not run or could not answer, on the dead-letter topic."""

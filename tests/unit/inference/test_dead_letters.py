@@ -1,15 +1,16 @@
-"""A reply its topic refuses becomes a dead letter and the worker goes on; the reply-topic probe
-asks the broker once per topic and remembers the answer a while (fake consumer, producer, admin
-and clock)."""
+"""A reply its topic refuses becomes a dead letter, and a batch result too large for the broker an
+error line, and the worker goes on; the reply-topic probe asks the broker once per topic and
+remembers the answer a while (fake consumer, producer, handler, admin and clock)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 from aiokafka.structs import ConsumerRecord
 
 from services.inference.consumer import RequestConsumer
@@ -17,7 +18,8 @@ from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from services.inference.intake import FOUND_FOR_S, MISSING_FOR_S, ReplyTopicProbe
 from shared.kafka import encode
-from shared.protocol.messages import RequestMessage
+from shared.protocol.messages import RequestMessage, ResponsePayload, ResultMessage
+from shared.request_signing import RequestSigner
 from shared.settings import KafkaSettings
 
 PARTITION = TopicPartition("requests.fake-model", 0)
@@ -169,3 +171,81 @@ async def test_a_broker_that_cannot_be_asked_is_no_answer() -> None:
     assert await probe.problem("replies.x") is None  # the send decides (an outage stops the worker)
     admin.failure = None
     assert await probe.problem("replies.x") == "UnknownTopicOrPartitionError"  # nothing remembered
+
+
+class FakeHandlerAnsweringLarge:
+    """Answers every request with a body of ``size`` bytes, without an engine."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    async def handle(self, message: Any) -> ResultMessage:
+        body = json.dumps({"object": "chat.completion", "pad": "x" * self.size}).encode()
+        return ResultMessage(
+            request_id=message.request_id,
+            custom_id=message.custom_id,
+            batch_id=message.batch_id,
+            line=message.line,
+            response=ResponsePayload(status_code=200, request_id="req_1", body=body),
+        )
+
+    def stop_waiting(self) -> None: ...
+
+
+class FakeProducerWithALimit:
+    """Refuses a message over ``limit`` bytes as a broker does (``message.max.bytes``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.tries = 0
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def send_and_wait(
+        self, topic: str, value: bytes, key: bytes | None = None, headers: object = None
+    ) -> None:
+        self.tries += 1
+        if len(value) > self.limit:
+            raise MessageSizeTooLargeError()
+        self.sent.append((topic, value))
+
+
+async def test_a_batch_result_too_large_for_the_broker_becomes_an_error_line() -> None:
+    settings = KafkaSettings()
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    value = encode(
+        RequestMessage(
+            request_id="batch_req_1",
+            custom_id="c1",
+            url="/v1/chat/completions",
+            body=body,
+            batch_id="b",
+            line=1,
+        )
+    )
+    consumer = FakeConsumer([value])
+    consumer.records[0] = dataclasses.replace(
+        consumer.records[0],
+        headers=tuple(RequestSigner(settings.signing_key).headers(PARTITION.topic, value)),
+    )
+    producer = FakeProducerWithALimit(limit=1024 * 1024)
+    worker = RequestConsumer(
+        consumer,  # type: ignore[arg-type]
+        producer,  # type: ignore[arg-type]
+        FakeHandlerAnsweringLarge(2 * 1024 * 1024),  # type: ignore[arg-type]
+        topic=PARTITION.topic,
+        results_topic="results",
+        in_flight_limit=4,
+        publish_attempts=5,
+        kafka=settings,
+    )
+    running = asyncio.create_task(worker.run())
+    async with asyncio.timeout(10):
+        await consumer.all_committed.wait()
+    worker.stop()
+    await running
+
+    assert consumer.committed == {PARTITION: 1} and producer.tries == 2  # no retry of the refusal
+    ((topic, sent),) = producer.sent
+    line = json.loads(sent)
+    assert topic == "results" and (line["batch_id"], line["line"], line["response"]) == ("b", 1, None)
+    assert line["error"]["code"] == "result_too_large"
