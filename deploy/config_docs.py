@@ -38,8 +38,8 @@ it by hand. A unit test fails when it is out of date. To add a setting, add a fi
 docstring to the class that owns it and run the command.
 
 Outside development (`BATCHSTREAM_ENVIRONMENT` other than `development` or `test`) every service
-refuses to start while `BATCHSTREAM_API_KEYS` or `BATCHSTREAM_S3_SECRET_KEY` still holds the
-local default.
+refuses to start while `BATCHSTREAM_API_KEYS`, `BATCHSTREAM_S3_SECRET_KEY` or
+`BATCHSTREAM_KAFKA_SIGNING_KEY` still holds the local default.
 """
 
 

@@ -16,7 +16,7 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 from pydantic import BaseModel
 
 from shared.settings import KafkaSettings
-from shared.topics import control_topic, requests_topic, results_topic
+from shared.topics import control_topic, dead_letters_topic, requests_topic, results_topic
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
 
 
 async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
-    """Create the results, control and per-model requests topics if they do not exist."""
+    """Create the results, control, dead-letter and per-model requests topics if they do not
+    exist."""
     wanted = [
         NewTopic(results_topic(settings), settings.results_partitions, settings.replication_factor),
         NewTopic(
@@ -120,6 +121,7 @@ async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
             settings.replication_factor,
             topic_configs={"cleanup.policy": "compact"},
         ),
+        NewTopic(dead_letters_topic(settings), settings.results_partitions, settings.replication_factor),
     ]
     wanted += [
         NewTopic(requests_topic(settings, m), settings.request_partitions, settings.replication_factor)

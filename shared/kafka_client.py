@@ -33,8 +33,8 @@ from aiokafka.errors import TopicAlreadyExistsError
 from shared.ids import batch_request_id
 from shared.kafka import connection, encode, make_admin, make_producer
 from shared.protocol.messages import RequestMessage, ResultMessage, SamplingDefaults
-from shared.settings import KafkaSettings
-from shared.topics import requests_topic
+from shared.settings import AggregatorSettings, KafkaSettings
+from shared.topics import ReplyTopicRule, requests_topic
 
 
 class KafkaRequestClient:
@@ -48,6 +48,9 @@ class KafkaRequestClient:
         group_id: str | None = None,
     ) -> None:
         self.settings = settings or KafkaSettings()
+        problem = ReplyTopicRule(self.settings, AggregatorSettings().app_id).problem(reply_topic)
+        if problem is not None:  # a worker would dead-letter every request: say so now
+            raise ValueError(f"reply_topic {reply_topic!r}: {problem[1]}")
         self.model = model
         self.reply_topic = reply_topic
         self.group_id = group_id or f"{reply_topic}.reader"

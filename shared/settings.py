@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_API_KEY = "sk-batchstream-local"
 DEV_S3_SECRET = "batchstream-local-secret"
+DEV_KAFKA_SIGNING_KEY = "batchstream-local-kafka-signing-key"
 
 
 def _config(prefix: str) -> SettingsConfigDict:
@@ -68,7 +69,7 @@ def weak_secret(secret: str) -> str | None:
     """Why ``secret`` must not guard a shared deployment (None when it may): the well-known local
     secrets, a placeholder, or fewer than ``MIN_SECRET_CHARS`` characters. Never echoes it."""
     text = secret.strip()
-    if text in (DEV_API_KEY, DEV_S3_SECRET):
+    if text in (DEV_API_KEY, DEV_S3_SECRET, DEV_KAFKA_SIGNING_KEY):
         return "is the local stack's well-known secret"
     letters = re.sub(r"[^a-z]", "", text.lower())
     if not letters or any(letters == word or letters == word + "me" for word in PLACEHOLDER_WORDS):
@@ -108,6 +109,8 @@ class RuntimeSettings(BaseSettings):
             problems.append("BATCHSTREAM_API_KEYS holds no key")
         if (why := weak_secret(StorageSettings().secret_key)) is not None:
             problems.append(f"BATCHSTREAM_S3_SECRET_KEY {why}")
+        if (why := weak_secret(KafkaSettings().signing_key)) is not None:
+            problems.append(f"BATCHSTREAM_KAFKA_SIGNING_KEY (the api and workers share it) {why}")
         if problems:
             raise ValueError(
                 f"outside development (BATCHSTREAM_ENVIRONMENT={self.environment}) every secret must "
@@ -129,8 +132,8 @@ class KafkaSettings(BaseSettings):
     """Partitions of a ``requests.<model>`` topic when a service creates it: the most workers one
     model can use at once."""
     results_partitions: int = 4
-    """Partitions of the ``results`` and ``control`` topics and of the aggregator's table when
-    created: the most aggregator workers that share the work."""
+    """Partitions of the ``results``, ``control`` and ``dead-letters`` topics and of the
+    aggregator's table when created: the most aggregator workers that share the work."""
     replication_factor: int = 1
     """Replication factor of the topics a service creates."""
     security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = "PLAINTEXT"
@@ -154,6 +157,25 @@ class KafkaSettings(BaseSettings):
                 "BATCHSTREAM_KAFKA_SASL_USERNAME and BATCHSTREAM_KAFKA_SASL_PASSWORD"
             )
         return self
+
+    signing_key: str = Field(default=DEV_KAFKA_SIGNING_KEY, min_length=16, repr=False)
+    """Key of the HMAC-SHA256 with which the api signs each batch line's request message and the
+    workers check it (docs/kafka-protocol.md#signed-batch-lines); the api and every worker must
+    share it. The default (the local stack's) is refused outside development."""
+    reply_topic_pattern: str = r"^[A-Za-z0-9._-]+$"
+    """Regular expression a request's ``reply_topic`` must match (searched), besides being a legal
+    Kafka topic name that no service owns; e.g. ``^replies\\.`` lets pipelines answer only to
+    topics named ``replies.*``. A request with another reply topic is not run: it goes to the
+    dead-letter topic."""
+
+    @field_validator("reply_topic_pattern")
+    @classmethod
+    def _pattern_compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"reply_topic_pattern is not a regular expression: {e}") from e
+        return pattern
 
 
 class MongoSettings(BaseSettings):

@@ -13,6 +13,10 @@ one of its places (else a fast engine would idle for every round trip to the bro
 still in flight (see ``offsets.OffsetTracker``). A publish the broker refuses or does not confirm
 is tried again (bounded, random exponential backoff); when every try fails the worker stops
 without that line's offset committed, and whoever owns the partition next runs the line again.
+
+Before a message runs, ``intake.py`` judges it (the api's signature on a batch line, a pipeline's
+reply topic); a message that can be neither run nor answered, and a reply its topic refuses, go to
+the dead-letter topic, and their offsets commit like any other.
 """
 
 from __future__ import annotations
@@ -23,26 +27,24 @@ import logging
 import time
 from typing import Any
 
-import pydantic
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from services.inference import metrics
-from services.inference.handler import RequestHandler, never_ran
+from services.inference.handler import RequestHandler
+from services.inference.intake import Answer, Refusal, ReplyTopicProbe, RequestIntake, Run, echo
 from services.inference.offsets import OffsetTracker
-from services.inference.publisher import ResultPublisher
+from services.inference.publisher import ResultPublisher, Undeliverable
 from services.inference.settings import InferenceSettings, default
-from shared.kafka import connection, decode
+from shared.kafka import connection
 from shared.protocol.messages import (
+    RESULT_TOO_LARGE_CODE,
+    RESULT_TOO_LARGE_MESSAGE,
     LineError,
-    RequestLike,
-    RequestMessage,
-    ResultMessage,
-    read_plain_request,
 )
-from shared.settings import KafkaSettings
-from shared.topics import inference_group, requests_topic, results_topic
+from shared.settings import AggregatorSettings, KafkaSettings
+from shared.topics import dead_letters_topic, inference_group, requests_topic, results_topic
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ class RequestConsumer:
         publish_retry_max_wait_s: float = default("publish_retry_max_wait_s"),
         commit_interval_s: float = default("commit_interval_s"),
         keepalive_poll_s: float = KEEPALIVE_POLL_S,
+        kafka: KafkaSettings | None = None,
+        reply_probe: ReplyTopicProbe | None = None,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
@@ -131,6 +135,10 @@ class RequestConsumer:
         )
         self.commit_interval_s = commit_interval_s
         self.keepalive_poll_s = keepalive_poll_s
+        kafka = kafka if kafka is not None else KafkaSettings()
+        self.intake = RequestIntake.from_settings(kafka, AggregatorSettings())
+        self.dead_letters_topic = dead_letters_topic(kafka)
+        self.reply_probe = reply_probe
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self.running = False
         self.joined = False  # the group was joined (Kafka answered); see /readyz
@@ -164,6 +172,8 @@ class RequestConsumer:
             publish_attempts=inference.publish_attempts,
             publish_retry_max_wait_s=inference.publish_retry_max_wait_s,
             commit_interval_s=inference.commit_interval_s,
+            kafka=kafka,
+            reply_probe=ReplyTopicProbe(kafka),
         )
 
     def stop(self) -> None:
@@ -185,6 +195,8 @@ class RequestConsumer:
             self.running = False
             self.joined = False
             await self.consumer.stop()
+            if self.reply_probe is not None:
+                await self.reply_probe.close()
         if self._fatal is not None:
             raise FatalConsumerError(str(self._fatal)) from self._fatal
 
@@ -260,57 +272,60 @@ class RequestConsumer:
         self, partition: TopicPartition, record: ConsumerRecord[Any, Any], epoch: int, where: str
     ) -> None:
         try:
-            result, reply_topic = await self._result_for(record, where)
+            outcome = await self._outcome(record, where)
         finally:
             self._left_engine(asyncio.current_task())
-        if result is not None:
-            topic = reply_topic or self.results_topic
-            await self.publisher.publish(result, topic, group=reply_topic is None, where=where)
+        if isinstance(outcome, Refusal):
+            await self._dead_letter(record, outcome, where)
+        elif outcome.reply_topic is None:
+            try:
+                await self.publisher.publish(outcome.result, self.results_topic, group=True, where=where)
+            except Undeliverable as exc:  # too large for the broker: the line becomes an error line
+                log.warning("a result is too large for the broker: %s", exc, extra={"at": where})
+                error = LineError(
+                    code=RESULT_TOO_LARGE_CODE, message=RESULT_TOO_LARGE_MESSAGE.format(detail=exc)
+                )
+                failed = outcome.result.model_copy(update={"response": None, "usage": None, "error": error})
+                await self.publisher.publish(failed, self.results_topic, group=True, where=where)
+        else:
+            try:
+                await self.publisher.reply(outcome.result, outcome.reply_topic, where=where)
+            except Undeliverable as exc:
+                refusal = Refusal(
+                    "reply_undeliverable", str(exc), outcome.result.request_id, outcome.reply_topic
+                )
+                await self._dead_letter(record, refusal, where)
         self.offsets.finish(partition, record.offset, epoch)
 
-    async def _result_for(
-        self, record: ConsumerRecord[Any, Any], where: str
-    ) -> tuple[ResultMessage | None, str | None]:
-        message: RequestLike | None = read_plain_request(record.value or b"")
-        if message is None:  # not as the api writes it: pydantic coerces, or words the error
-            try:
-                raw = decode(record.value)
-            except ValueError as exc:
-                metrics.SKIPPED.inc()
-                log.warning("skipping a message that is not a JSON object: %s", exc, extra={"at": where})
-                return None, None
-            try:
-                message = RequestMessage.model_validate(raw)
-            except pydantic.ValidationError as exc:
-                return self._invalid(raw, exc, where), _str_or_none(raw.get("reply_topic"))
+    async def _outcome(self, record: ConsumerRecord[Any, Any], where: str) -> Answer | Refusal:
+        """The message's answer (run on the engine when the intake says so), or its refusal."""
+        verdict = self.intake.judge(record)
+        if isinstance(verdict, Refusal):
+            return verdict
+        if verdict.reply_topic is not None and self.reply_probe is not None:
+            problem = await self.reply_probe.problem(verdict.reply_topic)
+            if problem is not None:  # refused before any engine time is spent on it
+                request_id = (
+                    verdict.message.request_id if isinstance(verdict, Run) else verdict.result.request_id
+                )
+                return Refusal("reply_undeliverable", problem, request_id, verdict.reply_topic)
+        if isinstance(verdict, Answer):
+            return verdict
+        message = verdict.message
         if log.isEnabledFor(logging.DEBUG):
             context = {"batch_id": message.batch_id, "custom_id": message.custom_id, "at": where}
             log.debug("running request", extra=context)
-        return await self.handler.handle(message), message.reply_topic
+        return Answer(await self.handler.handle(message), verdict.reply_topic)
 
-    def _invalid(
-        self, raw: dict[str, Any], exc: pydantic.ValidationError, where: str
-    ) -> ResultMessage | None:
-        """An error result for a message that names its line well enough; else None (skipped)."""
-        metrics.SKIPPED.inc()
-        ids = {k: raw.get(k) for k in ("request_id", "custom_id", "batch_id")}
+    async def _dead_letter(self, record: ConsumerRecord[Any, Any], refusal: Refusal, where: str) -> None:
+        metrics.DEAD_LETTERS.labels(reason=refusal.reason).inc()
         log.warning(
-            "invalid request message: %s", exc.errors(include_url=False)[:3], extra={"at": where, **ids}
+            "dead-lettering a request message: %s (%s)",
+            refusal.reason,
+            refusal.detail,
+            extra={"at": where, "request_id": echo(refusal.request_id)},
         )
-        if not (isinstance(ids["request_id"], str) and isinstance(ids["custom_id"], str)):
-            return None
-        stub = RequestMessage.model_construct(
-            request_id=ids["request_id"],
-            custom_id=ids["custom_id"],
-            batch_id=_str_or_none(ids["batch_id"]),
-            line=raw.get("line") if isinstance(raw.get("line"), int) else None,
-        )
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors()[:5]
-        )
-        return never_ran(
-            stub, LineError(code="invalid_request", message=f"Invalid request message: {detail}")
-        )
+        await self.publisher.dead_letter(refusal.letter(record), self.dead_letters_topic, where=where)
 
     async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
         self._last_commit = time.monotonic()
@@ -356,10 +371,6 @@ class RequestConsumer:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
 
 
 def _show(offsets: dict[TopicPartition, int]) -> dict[str, int]:

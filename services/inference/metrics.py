@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import collections
 import functools
+from typing import get_args
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from shared.protocol.messages import DeadLetterReason
 
 REQUESTS = Counter(
     "batchstream_inference_requests_total",
@@ -44,6 +47,13 @@ GENERATED_TOKENS = Counter("batchstream_inference_generated_tokens_total", "Comp
 SKIPPED = Counter(
     "batchstream_inference_skipped_messages_total", "Messages that were not valid request messages."
 )
+DEAD_LETTERS = Counter(
+    "batchstream_inference_dead_letters_total",
+    "Request messages put on the dead-letter topic (not run, or their reply refused), by reason.",
+    ["reason"],
+)
+for _reason in get_args(DeadLetterReason):  # each reason shows from the start, at 0
+    DEAD_LETTERS.labels(reason=_reason)
 ENGINE_RETRIES = Counter(
     "batchstream_inference_engine_retries_total",
     "Engine calls tried again after a failure that may pass (a 5xx answer, or an exception).",

@@ -13,6 +13,12 @@ direct Kafka clients read one result per message.
 Each caller waits for its own group's acknowledgement; a publish the broker refuses or does not
 confirm is tried again (bounded, random exponential backoff), and when every try fails each
 caller of the group gets the error (its line's offset is then never committed).
+
+A reply topic is a pipeline's: a refusal that concerns only that topic or that record
+(``UNDELIVERABLE``: an invalid or unknown topic, no authorization, a record too large) is not
+tried again and raises ``Undeliverable``, which the consumer turns into a dead letter, so no
+pipeline's topic can stop a worker. A broker that does not answer is retried and then stops the
+worker, for any topic.
 """
 
 from __future__ import annotations
@@ -23,11 +29,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    PolicyViolationError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
-from shared.protocol.messages import RESULT_COUNT_HEADER, ResultMessage, result_group_json
+from shared.protocol.messages import RESULT_COUNT_HEADER, DeadLetter, ResultMessage, result_group_json
 from shared.retries import RetryRule, first_then_retrying
 
 log = logging.getLogger(__name__)
@@ -36,6 +51,26 @@ GROUP_MAX_RESULTS = 1_000
 GROUP_MAX_BYTES = 512 * 1024
 """Below Kafka's default limit on a message (1 MiB), so a broker with defaults takes any group."""
 PUBLISH_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,))
+TOO_LARGE: tuple[type[Exception], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
+"""Refusals of one record for its size: another try gets the same answer."""
+UNDELIVERABLE: tuple[type[Exception], ...] = (
+    InvalidTopicError,
+    UnknownTopicOrPartitionError,  # aiokafka raises it once the topic stayed unknown for its timeout
+    TopicAuthorizationFailedError,
+    PolicyViolationError,
+    *TOO_LARGE,
+)
+"""Refusals of one topic or one record: a reply topic's are not retried (``Undeliverable``)."""
+REPLY_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,), except_errors=UNDELIVERABLE)
+ALONE_RETRY: RetryRule[Any] = RetryRule(errors=(KafkaError,), except_errors=TOO_LARGE)
+
+
+class Undeliverable(Exception):
+    """The broker refused a reply for its topic or its record (not for being unreachable)."""
 
 
 @dataclass
@@ -77,13 +112,35 @@ class ResultPublisher:
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._sends: set[asyncio.Task[None]] = set()
 
+    async def reply(self, result: ResultMessage, topic: str, *, where: str) -> None:
+        """Publish ``result`` alone on the reply topic ``topic`` and wait for the broker's
+        acknowledgement. Raises ``Undeliverable`` when the broker refuses it for that topic or
+        record; any other last failure propagates."""
+        context = {"request_id": result.request_id[:200], "at": where}
+        try:
+            key = (result.batch_id or result.request_id).encode()
+            await self._send(topic, key, result.to_json(), 1, context, REPLY_RETRY)
+        except UNDELIVERABLE as exc:
+            raise Undeliverable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def dead_letter(self, letter: DeadLetter, topic: str, *, where: str) -> None:
+        """Publish ``letter`` on the dead-letter topic ``topic``, retried like a result."""
+        value = letter.model_dump_json().encode()
+        await self._send(topic, None, value, 0, {"reason": letter.reason, "at": where})
+
     async def publish(self, result: ResultMessage, topic: str, *, group: bool, where: str) -> None:
         """Publish ``result`` on ``topic`` and wait for the broker's acknowledgement; ``group``:
-        it may travel with others of its batch. The last failure propagates."""
+        it may travel with others of its batch. A result sent alone that is too large for the
+        broker raises ``Undeliverable`` (a group stays under any broker's default limit); any
+        other last failure propagates."""
         value = result.to_json()
         if not group or result.batch_id is None or len(value) > GROUP_MAX_BYTES:
             key = (result.batch_id or result.request_id).encode()
-            await self._send(topic, key, value, 1, {"batch_id": result.batch_id, "at": where})
+            context = {"batch_id": result.batch_id, "at": where}
+            try:
+                await self._send(topic, key, value, 1, context, ALONE_RETRY)
+            except TOO_LARGE as exc:
+                raise Undeliverable(f"{type(exc).__name__}: {len(value)} bytes") from exc
             return
         slot = self._slots.setdefault((topic, result.batch_id), _Slot())
         joined = slot.open
@@ -132,9 +189,19 @@ class ResultPublisher:
             elif not slot.sending:
                 self._slots.pop((group.topic, group.batch_id), None)
 
-    async def _send(self, topic: str, key: bytes, value: bytes, count: int, context: dict[str, Any]) -> None:
-        """Send one message, trying again while the broker refuses it."""
-        metrics.RESULTS_PER_MESSAGE.observe(count)
+    async def _send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        count: int,
+        context: dict[str, Any],
+        rule: RetryRule[Any] = PUBLISH_RETRY,
+    ) -> None:
+        """Send one message of ``count`` results (0: not a result), trying again while the broker
+        refuses it in a way ``rule`` retries."""
+        if count:
+            metrics.RESULTS_PER_MESSAGE.observe(count)
         headers = [(RESULT_COUNT_HEADER, str(count).encode())] if count > 1 else None
         context = {**context, "results": count}
 
@@ -155,8 +222,11 @@ class ResultPublisher:
             return await self.producer.send_and_wait(topic, value, key=key, headers=headers)
 
         try:
-            await first_then_retrying(attempt, PUBLISH_RETRY, retrying)
-        except KafkaError:
+            await first_then_retrying(attempt, rule, retrying)
+        except KafkaError as exc:
+            if isinstance(exc, rule.except_errors):  # refused for its topic or record: the caller's
+                log.warning("a result was refused: %r", exc, extra=context)
+                raise
             metrics.PUBLISH_FAILURES.inc()
             log.error("publishing results failed for good; stopping uncommitted", extra=context)
             raise

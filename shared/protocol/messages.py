@@ -79,9 +79,15 @@ class RequestMessage(BaseModel):
     method: Literal["POST"] = "POST"
     url: str
     body: dict[str, Any]
-    batch_id: str | None = None
+    batch_id: str | None = Field(
+        default=None, description="Set by the api only (its messages are signed); leave null."
+    )
     line: int | None = Field(default=None, description="1-based line in the input file.")
-    reply_topic: str | None = Field(default=None, description="Default: the results topic.")
+    reply_topic: str | None = Field(
+        default=None,
+        description="Where the result goes; required unless the api sent the message (its batch "
+        "lines go to the results topic).",
+    )
     defaults: SamplingDefaults | None = None
     expires_at: float | None = Field(default=None, description="Unix seconds; not run after.")
 
@@ -568,3 +574,42 @@ class ControlMessage(BaseModel):
     total: int | None = None
     expires_at: float | None = None
     cancelled: bool = False
+
+
+DeadLetterReason = Literal[
+    "invalid_message",
+    "batch_not_verified",
+    "reply_topic_missing",
+    "reply_topic_invalid",
+    "reply_topic_internal",
+    "reply_undeliverable",
+]
+"""Why a worker dead-lettered a request message (also the label of its counter)."""
+DEAD_LETTER_VALUE_BYTES = 4096
+"""Most bytes of the original message a dead letter holds (``value``)."""
+BATCH_NOT_VERIFIED_CODE = "batch_not_verified"
+BATCH_NOT_VERIFIED_MESSAGE = (
+    "This request was not run: only the api may name a batch_id (its messages are signed); "
+    "leave batch_id and line null."
+)
+
+RESULT_TOO_LARGE_CODE = "result_too_large"
+RESULT_TOO_LARGE_MESSAGE = "This request's result was larger than the broker accepts ({detail})."
+
+
+class DeadLetter(BaseModel):
+    """A request message a worker did not run or could not answer, on the dead-letter topic."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    reason: DeadLetterReason
+    detail: str = Field(description="What was wrong, in words.")
+    topic: str = Field(description="Where the message was read.")
+    partition: int
+    offset: int
+    request_id: str | None = Field(default=None, description="The message's, when it names one.")
+    reply_topic: str | None = Field(default=None, description="The message's, when a string.")
+    value: str = Field(
+        description=f"The message's value as UTF-8 text (bad bytes replaced), its first "
+        f"{DEAD_LETTER_VALUE_BYTES} bytes."
+    )
+    value_bytes: int = Field(description="The message's whole size in bytes.")

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from shared.protocol.messages import RequestMessage, ResultGroup, ResultMessage
+from shared.protocol.messages import DeadLetter, RequestMessage, ResultGroup, ResultMessage
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -29,6 +29,7 @@ SCHEMAS: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]
     "request-message.json": (RequestMessage, "validation"),
     "result-message.json": (ResultMessage, "serialization"),
     "result-group.json": (ResultGroup, "serialization"),
+    "dead-letter.json": (DeadLetter, "serialization"),
 }
 
 

@@ -29,6 +29,7 @@ from shared.settings import KafkaSettings
 from shared.topics import requests_topic, results_topic
 from tests.support.fresh_kafka import fresh_kafka
 from tests.support.private_servers import private_tansu
+from tests.support.signing import api_headers
 
 MODEL = "fake-model"
 PRODUCE = 0  # the Kafka API key of a Produce request
@@ -126,7 +127,9 @@ async def publish_requests(settings: KafkaSettings, count: int) -> dict[TopicPar
                 batch_id="batch_publish",
                 line=n + 1,
             )
-            meta = await producer.send_and_wait(topic, encode(message), key=f"k{n}".encode())
+            value = encode(message)
+            headers = api_headers(settings, topic, value)
+            meta = await producer.send_and_wait(topic, value, key=f"k{n}".encode(), headers=headers)
             tp = TopicPartition(topic, meta.partition)
             ends[tp] = max(ends.get(tp, 0), meta.offset + 1)
     finally:
@@ -145,6 +148,7 @@ def worker(settings: KafkaSettings, group: str, **options: object) -> tuple[Requ
         results_topic=results_topic(settings),
         in_flight_limit=4,
         drain_timeout_s=5,
+        kafka=settings,
         **options,  # type: ignore[arg-type]
     )
     return consumer, producer

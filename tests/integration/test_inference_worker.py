@@ -28,6 +28,7 @@ from shared.settings import KafkaSettings
 from shared.topics import control_topic, requests_topic
 from tests.support.fresh_kafka import fresh_kafka
 from tests.support.private_servers import private_tansu
+from tests.support.signing import api_headers
 
 MODEL = "fake-model"
 
@@ -76,7 +77,8 @@ async def _publish(settings: KafkaSettings, reply: str) -> dict[TopicPartition, 
     last: dict[TopicPartition, int] = {}
     try:
         for n, value in enumerate(values):
-            meta = await producer.send_and_wait(topic, value, key=f"k{n}".encode())
+            headers = api_headers(settings, topic, value)  # batch lines: signed as the api signs them
+            meta = await producer.send_and_wait(topic, value, key=f"k{n}".encode(), headers=headers)
             tp = TopicPartition(topic, meta.partition)
             last[tp] = max(last.get(tp, -1), meta.offset)
     finally:
@@ -127,6 +129,7 @@ async def _worker_results(
         topic=requests_topic(settings, MODEL),
         results_topic=f"{settings.topic_prefix}results",
         drain_timeout_s=5,
+        kafka=settings,
         **options,
     )
     running = asyncio.create_task(worker.run())
@@ -177,7 +180,9 @@ async def test_a_window_full_longer_than_the_poll_interval_keeps_its_partitions(
         for i in range(3):  # each runs 4 s, one at a time: the window stays full past the interval
             message = _request(f"slow-{i}", reply, batch_id="batch_slow", line=i + 1)
             message.body["max_tokens"] = 40
-            await producer.send_and_wait(topic, encode(message), key=b"one-partition")
+            value = encode(message)
+            headers = api_headers(kafka, topic, value)
+            await producer.send_and_wait(topic, value, key=b"one-partition", headers=headers)
     finally:
         await producer.stop()
     engine = FakeEngine(model_id=MODEL, seconds_per_token=0.1)

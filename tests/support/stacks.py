@@ -101,7 +101,13 @@ def own_stack(
     suffix = f"{name}{uuid.uuid4().hex[:6]}"
     stack = Stack(
         state_dir,
-        ports=replace(stand_ins.ports, api=own.api, aggregator=own.aggregator, inference=own.inference),
+        ports=replace(
+            stand_ins.ports,
+            api=own.api,
+            api_metrics=own.api_metrics,
+            aggregator=own.aggregator,
+            inference=own.inference,
+        ),
         models=list(models),
         topic_prefix=f"{stand_ins.topic_prefix}{suffix}.",
         mongo_database=f"{stand_ins.mongo_database}_{suffix}",

@@ -17,6 +17,7 @@ from shared.errors import echo
 from shared.kafka import encode
 from shared.protocol.batch_input import UTF8_BOM, parse_raw_line
 from shared.protocol.messages import LineError, ResultMessage, request_message_json
+from shared.request_signing import RequestSigner
 from shared.settings import KafkaSettings
 from shared.stores.models import MODEL_NOT_FOUND
 from shared.topics import results_topic
@@ -30,11 +31,15 @@ class RequestRound:
     sent with ``send_batch``. aiokafka's ``send`` costs, per message, a metadata wait, a
     partitioner call, a future and its resolution: a fifth of the api's CPU while it dispatched
     at full speed. A message with no partition goes to a random one, as aiokafka's default
-    partitioner puts a message without a key."""
+    partitioner puts a message without a key. Each message carries the api's signature
+    (``shared.request_signing``), without which a worker does not run it for its batch."""
 
-    def __init__(self, producer: AIOKafkaProducer, topic: str, partitions: list[int]) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, topic: str, partitions: list[int], signer: RequestSigner
+    ) -> None:
         self._producer = producer
         self._topic = topic
+        self._signer = signer
         self._partitions = partitions
         self._builders: dict[int, list[Any]] = {}
         self._placed: list[tuple[int, int, int]] = []  # (partition, its builder, offset in it)
@@ -43,10 +48,15 @@ class RequestRound:
         if partition is None:
             partition = random.choice(self._partitions)
         builders = self._builders.setdefault(partition, [])
-        placed = builders[-1].append(timestamp=None, key=None, value=message) if builders else None
+        headers = self._signer.headers(self._topic, message)
+        placed = (
+            builders[-1].append(timestamp=None, key=None, value=message, headers=headers)
+            if builders
+            else None
+        )
         if placed is None:  # the first, or the last is full (a new batch takes any one message)
             builders.append(self._producer.create_batch())
-            placed = builders[-1].append(timestamp=None, key=None, value=message)
+            placed = builders[-1].append(timestamp=None, key=None, value=message, headers=headers)
         self._placed.append((partition, len(builders) - 1, placed.offset))
 
     async def send(self) -> list[tuple[int, int]]:
@@ -70,11 +80,12 @@ class LineSender:
     def __init__(self, producer: AIOKafkaProducer, kafka: KafkaSettings) -> None:
         self.producer = producer
         self.results_topic = results_topic(kafka)
+        self.signer = RequestSigner(kafka.signing_key)
 
     async def round(self, topic: str) -> RequestRound:
         """An empty round of request messages for ``topic``."""
         partitions = sorted(await self.producer.partitions_for(topic))
-        return RequestRound(self.producer, topic, partitions)
+        return RequestRound(self.producer, topic, partitions, self.signer)
 
     @staticmethod
     def request(batch: QueuedState, line: InputLine) -> bytes:

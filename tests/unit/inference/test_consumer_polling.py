@@ -83,7 +83,15 @@ class FakeProducerAcking:
 def _requests(count: int, max_tokens: int) -> list[bytes]:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
     return [
-        encode(RequestMessage(request_id=f"r{n}", custom_id=f"c{n}", url="/v1/chat/completions", body=body))
+        encode(
+            RequestMessage(
+                request_id=f"r{n}",
+                custom_id=f"c{n}",
+                url="/v1/chat/completions",
+                body=body,
+                reply_topic="replies",
+            )
+        )
         for n in range(count)
     ]
 

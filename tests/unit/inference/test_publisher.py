@@ -8,10 +8,10 @@ import asyncio
 import json
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
 
 from services.inference import publisher as publisher_module
-from services.inference.publisher import GROUP_MAX_BYTES, ResultPublisher
+from services.inference.publisher import GROUP_MAX_BYTES, ResultPublisher, Undeliverable
 from shared.protocol.messages import (
     RESULT_COUNT_HEADER,
     ResponsePayload,
@@ -159,3 +159,19 @@ async def test_a_cancelled_caller_does_not_cancel_its_group() -> None:
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(outcomes[0], asyncio.CancelledError) and outcomes[1:] == [None, None]
     assert producer.results(0) == ["line-0", "line-1", "line-2"]
+
+
+async def test_a_reply_its_topic_refuses_is_undeliverable_at_once() -> None:
+    producer = FakeProducerHoldingAcks(failure=TopicAuthorizationFailedError("replies.x"))
+    publisher = publisher_for(producer, attempts=5)
+    with pytest.raises(Undeliverable, match="TopicAuthorizationFailedError"):
+        await publisher.reply(result(1, batch_id=None), "replies.x", where="")
+    assert len(producer.sent) == 1  # not tried again: another try gets the same answer
+
+
+async def test_a_reply_the_broker_does_not_confirm_is_tried_again_then_raised() -> None:
+    producer = FakeProducerHoldingAcks(failure=KafkaTimeoutError())
+    publisher = publisher_for(producer, attempts=2)
+    with pytest.raises(KafkaTimeoutError):  # an outage: the worker stops uncommitted
+        await publisher.reply(result(1, batch_id=None), "replies.x", where="")
+    assert len(producer.sent) == 2

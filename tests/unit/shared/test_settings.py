@@ -17,6 +17,9 @@ def test_outside_development_the_local_secrets_are_refused(monkeypatch: pytest.M
         RuntimeSettings()
     monkeypatch.setenv("BATCHSTREAM_API_KEYS", STRONG_KEY)
     monkeypatch.setenv("BATCHSTREAM_S3_SECRET_KEY", STRONG_S3)
+    with pytest.raises(pydantic.ValidationError, match="BATCHSTREAM_KAFKA_SIGNING_KEY"):
+        RuntimeSettings()
+    monkeypatch.setenv("BATCHSTREAM_KAFKA_SIGNING_KEY", "own-signing-key-of-this-deployment")
     assert not RuntimeSettings().is_development
 
 
