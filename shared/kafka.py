@@ -82,7 +82,7 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
         "acks": "all",
         "linger_ms": 5,
         "max_batch_size": 1024 * 1024,
-        "max_request_size": 8 * 1024 * 1024,
+        "max_request_size": settings.max_request_bytes,
         "compression_type": None,
     }
     options.update(overrides)
