@@ -90,9 +90,18 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
 
 
 async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
-    """Create the results, control and per-model requests topics if they do not exist."""
+    """Create the results, control and per-model requests topics if they do not exist.
+
+    The requests and results topics are created taking messages of the producers' largest
+    (``max.message.bytes``), so a line at the line limit fits whatever the broker's default."""
+    sized = {"max.message.bytes": str(settings.max_request_bytes)}
     wanted = [
-        NewTopic(results_topic(settings), settings.results_partitions, settings.replication_factor),
+        NewTopic(
+            results_topic(settings),
+            settings.results_partitions,
+            settings.replication_factor,
+            topic_configs=sized,
+        ),
         NewTopic(
             control_topic(settings),
             settings.results_partitions,
@@ -101,7 +110,12 @@ async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
         ),
     ]
     wanted += [
-        NewTopic(requests_topic(settings, m), settings.request_partitions, settings.replication_factor)
+        NewTopic(
+            requests_topic(settings, m),
+            settings.request_partitions,
+            settings.replication_factor,
+            topic_configs=sized,
+        )
         for m in models
     ]
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)

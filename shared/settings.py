@@ -98,10 +98,12 @@ class KafkaSettings(BaseSettings):
     replication_factor: int = 1
     """Replication factor of the topics a service creates."""
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    """Largest message a producer sends (aiokafka's ``max_request_size``; 8 MiB). At most the
-    broker's ``message.max.bytes`` (8 MiB in docker-compose.yml and deploy/k8s), and above
+    """Largest message a producer sends (aiokafka's ``max_request_size``; 8 MiB), and the
+    ``max.message.bytes`` of the requests and results topics a service creates. At most the
+    brokers' ``message.max.bytes`` (8 MiB in docker-compose.yml), and above
     ``BATCHSTREAM_API_MAX_LINE_BYTES`` with room for a request's envelope: the dispatcher makes a
-    line whose message is larger that line's ``line_undeliverable`` error result."""
+    line whose message is larger, or that the broker refuses as too large, that line's
+    ``line_undeliverable`` error result."""
 
 
 class MongoSettings(BaseSettings):
