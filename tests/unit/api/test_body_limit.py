@@ -14,7 +14,7 @@ from services.api.body_limit import MULTIPART_SLACK, BodyLimit
 from services.api.errors import install_error_handlers
 from shared.settings import ApiSettings
 
-LIMITS = ApiSettings(max_file_bytes=1000, max_batch_input_bytes=5000, max_json_body_bytes=200)
+LIMITS = ApiSettings(max_file_bytes=1000, max_batch_input_bytes=100_000, max_json_body_bytes=200)
 
 
 def app_with_limits(reached: list[str]) -> FastAPI:
@@ -61,7 +61,7 @@ async def chunked(data: bytes, piece: int = 1000) -> AsyncIterator[bytes]:
         yield data[at : at + piece]
 
 
-OVER = 5000 + MULTIPART_SLACK + 1  # a file this large is over the largest upload with any framing
+OVER = 100_000 + MULTIPART_SLACK + 1  # over the largest upload with any framing
 
 
 async def test_an_upload_within_the_largest_file_limit_reaches_the_route(
@@ -80,7 +80,7 @@ async def test_an_upload_over_the_limit_by_its_content_length_is_refused_unread(
     response = await client.post(
         "/v1/files", files={"file": ("a.jsonl", b"y" * OVER)}, data={"purpose": "batch"}
     )
-    assert_413(response, "file_too_large", 5000)
+    assert_413(response, "file_too_large", 100_000)
     assert response.json()["error"]["param"] == "file"
     assert reached == []
 
@@ -93,8 +93,25 @@ async def test_a_chunked_upload_is_refused_once_its_bytes_pass_the_limit(
     )
     headers = {"content-type": form.headers["content-type"]}  # and no content-length: chunked
     response = await client.post("/v1/files", content=chunked(form.read()), headers=headers)
-    assert_413(response, "file_too_large", 5000)
+    assert_413(response, "file_too_large", 100_000)
     assert reached == []
+
+
+@pytest.mark.parametrize(("purpose", "status"), [("user_data", 413), ("batch", 200)])
+async def test_once_its_purpose_is_read_an_upload_is_held_to_that_purposes_limit(
+    client: httpx.AsyncClient, reached: list[str], purpose: str, status: int
+) -> None:
+    size = 1000 + MULTIPART_SLACK + 10  # over the user_data limit with any framing, under batch's
+    form = client.build_request(
+        "POST", "/v1/files", files={"file": ("a.jsonl", b"y" * size)}, data={"purpose": purpose}
+    )
+    headers = {"content-type": form.headers["content-type"]}
+    response = await client.post("/v1/files", content=chunked(form.read()), headers=headers)
+    assert response.status_code == status, response.text
+    if status == 413:
+        assert_413(response, "file_too_large", 1000)
+        assert "purpose 'user_data'" in response.json()["error"]["message"]
+    assert reached == ([] if status == 413 else ["upload"])
 
 
 async def test_a_json_body_over_its_limit_is_refused_by_length_or_as_it_streams(
