@@ -96,7 +96,12 @@ class _FormHead:
             return None
         kind, options = parse_options_header(content_type)
         boundary = options.get(b"boundary")
-        return cls(boundary) if kind == b"multipart/form-data" and boundary else None
+        if kind != b"multipart/form-data" or not boundary:
+            return None
+        try:
+            return cls(boundary)
+        except Exception:  # a boundary the parser refuses (too long): the route answers that
+            return None
 
     def feed(self, chunk: bytes) -> None:
         if self.done:

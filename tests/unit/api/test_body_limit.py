@@ -114,6 +114,12 @@ async def test_once_its_purpose_is_read_an_upload_is_held_to_that_purposes_limit
     assert reached == ([] if status == 413 else ["upload"])
 
 
+async def test_a_form_the_limit_cannot_read_is_left_to_the_route(client: httpx.AsyncClient) -> None:
+    headers = {"content-type": "multipart/form-data; boundary=" + "b" * 8000}
+    response = await client.post("/v1/files", content=b"x", headers=headers)
+    assert response.status_code == 400, response.text
+
+
 async def test_a_json_body_over_its_limit_is_refused_by_length_or_as_it_streams(
     client: httpx.AsyncClient, reached: list[str]
 ) -> None:
