@@ -1,8 +1,9 @@
 """One model's failing round holds no other model back: it backs off on its own, and the loop
-still rests (no busy loop while it waits)."""
+still rests (no busy loop while it waits). One batch whose input cannot be read fails alone."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -10,9 +11,12 @@ import pytest
 
 from services.api.dispatch import loop as dispatch_loop
 from services.api.dispatch.loop import Dispatcher
+from services.api.dispatch.sender import LineSender
 from services.api.dispatch.settings import DispatchSettings
+from services.api.service.announcer import ControlAnnouncer
 from shared.settings import KafkaSettings
-from tests.unit.api.dispatch.test_refusals import batch
+from shared.storage import ObjectNotFound
+from tests.unit.api.dispatch.test_refusals import FakeProducer, batch, raw_line
 
 
 class FakeClockValue:
@@ -90,3 +94,45 @@ async def test_a_model_whose_round_fails_backs_off_while_the_other_goes_on(
     clock.now = broken.retry_at  # tried again, failing again: the wait doubles
     await d.round()
     assert broken.failures == 2 and broken.retry_at == clock.now + 2 * dispatch_loop.MODEL_RETRY_S
+
+
+class FakeStore:
+    """Stands in for object storage (named fake: unit tests only): ``gone`` keys are not found."""
+
+    def __init__(self, files: dict[str, bytes], gone: set[str]) -> None:
+        self.files, self.gone = files, gone
+
+    async def iter_chunks(self, key: str, offset: int = 0, **_: Any) -> AsyncIterator[bytes]:
+        if key in self.gone:
+            raise ObjectNotFound(key)
+        yield self.files[key][offset:]
+
+
+class FakeBatchStore:
+    def __init__(self) -> None:
+        self.failed: dict[str, list[Any]] = {}
+
+    async def fail(self, batch_id: str, errors: list[Any]) -> bool:
+        self.failed[batch_id] = errors
+        return True
+
+
+async def test_a_batch_whose_input_is_gone_fails_alone_and_the_others_lines_go(clock: FakeClockValue) -> None:
+    lines = b"".join(raw_line(f"l{n}") + b"\n" for n in range(3))
+    producer = FakeProducer()
+    d = dispatcher(clock)
+    d.store = FakeStore({"fine-input": lines}, gone={"gone-input"})  # type: ignore[assignment]
+    d.batch_store = FakeBatchStore()  # type: ignore[assignment]
+    d.sender = LineSender(producer, KafkaSettings())  # type: ignore[arg-type]
+    d.announcer = ControlAnnouncer(producer, KafkaSettings())  # type: ignore[arg-type]
+    for name in ("gone", "fine"):
+        state = batch()
+        state.batch_id, state.model, state.object_key = f"batch-{name}", "m", f"{name}-input"
+        d.batches[state.unit] = state
+
+    assert await d._dispatch("m", clock.now) == 3
+    assert list(d.batches) == ["batch-fine"]
+    [error] = d.batch_store.failed["batch-gone"]  # type: ignore[attr-defined]
+    assert error.code == "input_unreadable" and "ObjectNotFound" in error.message
+    assert producer.controls == [("batch-gone", True)]
+    assert producer.logs[0] + producer.logs[1] == 3

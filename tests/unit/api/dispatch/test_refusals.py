@@ -35,6 +35,7 @@ class FakeProducer:
         self.down = False
         self.logs: dict[int, int] = {0: 0, 1: 0}  # records acknowledged per partition
         self.results: list[dict[str, Any]] = []
+        self.controls: list[tuple[str, bool]] = []  # (batch id, cancelled) of control messages
 
     def create_batch(self) -> BatchBuilder:
         return BatchBuilder(1024 * 1024, 0)
@@ -52,6 +53,11 @@ class FakeProducer:
             future.set_result(Acked(self.logs[partition]))
             self.logs[partition] += builder.record_count()
         return future
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> Acked:
+        message = decode(value)
+        self.controls.append((message["batch_id"], bool(message.get("cancelled"))))
+        return Acked(len(self.controls) - 1)
 
     async def send(self, topic: str, value: bytes, key: bytes | None = None) -> asyncio.Future[Any]:
         self.results.append(decode(value))
