@@ -103,7 +103,7 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
         "acks": "all",
         "linger_ms": 5,
         "max_batch_size": 1024 * 1024,
-        "max_request_size": 8 * 1024 * 1024,
+        "max_request_size": settings.max_request_bytes,
         "compression_type": None,
     }
     options.update(overrides)
@@ -112,9 +112,18 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
 
 async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
     """Create the results, control, dead-letter and per-model requests topics if they do not
-    exist."""
+    exist.
+
+    The requests and results topics are created taking messages of the producers' largest
+    (``max.message.bytes``), so a line at the line limit fits whatever the broker's default."""
+    sized = {"max.message.bytes": str(settings.max_request_bytes)}
     wanted = [
-        NewTopic(results_topic(settings), settings.results_partitions, settings.replication_factor),
+        NewTopic(
+            results_topic(settings),
+            settings.results_partitions,
+            settings.replication_factor,
+            topic_configs=sized,
+        ),
         NewTopic(
             control_topic(settings),
             settings.results_partitions,
@@ -124,7 +133,12 @@ async def ensure_topics(settings: KafkaSettings, models: list[str]) -> None:
         NewTopic(dead_letters_topic(settings), settings.results_partitions, settings.replication_factor),
     ]
     wanted += [
-        NewTopic(requests_topic(settings, m), settings.request_partitions, settings.replication_factor)
+        NewTopic(
+            requests_topic(settings, m),
+            settings.request_partitions,
+            settings.replication_factor,
+            topic_configs=sized,
+        )
         for m in models
     ]
     admin = make_admin(settings)

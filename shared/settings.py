@@ -177,6 +177,14 @@ class KafkaSettings(BaseSettings):
             raise ValueError(f"reply_topic_pattern is not a regular expression: {e}") from e
         return pattern
 
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest message a producer sends (aiokafka's ``max_request_size``; 8 MiB), and the
+    ``max.message.bytes`` of the requests and results topics a service creates. At most the
+    brokers' ``message.max.bytes`` (8 MiB in docker-compose.yml), and above
+    ``BATCHSTREAM_API_MAX_LINE_BYTES`` with room for a request's envelope: the dispatcher makes a
+    line whose message is larger, or that the broker refuses as too large, that line's
+    ``line_undeliverable`` error result."""
+
 
 class MongoSettings(BaseSettings):
     """MongoDB: file, batch, model, API key and idempotency documents."""
@@ -235,6 +243,15 @@ class ApiSettings(BaseSettings):
     max_batch_input_bytes: int = 2 * 1024**3
     """Largest ``purpose=batch`` upload in bytes (2 GiB; OpenAI's is 200 MB); larger ones answer
     413 naming the limit."""
+    max_line_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    """Largest line of a batch input file in bytes, without its newline (4 MiB): a longer line
+    fails its batch with ``line_too_large`` naming its size and the limit, and is never held in
+    memory. Each line travels as one Kafka message (the line and an envelope of about a
+    kilobyte), so keep it below ``BATCHSTREAM_KAFKA_MAX_REQUEST_BYTES`` and the broker's
+    ``message.max.bytes`` (docs/deployment.md)."""
+    max_json_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    """Largest request body of any call but a file upload (1 MiB): a longer one answers 413
+    ``request_too_large`` as soon as its ``Content-Length`` or its bytes so far say so."""
     max_batch_lines: int = 1_000_000
     """Most request lines in a batch input file (OpenAI's is 50,000); more fail the batch with
     ``too_many_tasks`` naming the limit."""

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
 
+from services.api.body_limit import BodyLimit
 from services.api.dispatch.loop import Dispatcher
 from services.api.dispatch.settings import DispatchSettings
 from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
@@ -161,6 +162,7 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.middleware("http")(_observe)
+    app.add_middleware(BodyLimit, settings=ApiSettings())  # outermost: before any body is read
     for module in (files, batches, partial, views, limits, models, health):
         app.include_router(module.router)
     install_console(app)

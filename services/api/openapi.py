@@ -50,7 +50,7 @@ _DESCRIPTIONS = {
     401: "The API key is missing or wrong.",
     404: "No such object in this project.",
     409: "The object's state does not allow this.",
-    413: "The upload is over the size limit.",
+    413: "The request body (an upload: the file) is over its size limit.",
     429: "The project is at one of its quotas (the error's type names it); retry after Retry-After seconds.",
     500: "An unexpected server error.",
     503: "A dependency (MongoDB, object storage, Kafka) is unavailable; retry after Retry-After seconds.",
@@ -92,6 +92,8 @@ def _corrected(doc: dict[str, Any]) -> dict[str, Any]:
             if len(success) > 1:  # a streamed() route: FastAPI adds a JSON body it never sends
                 success.pop("application/json", None)
             statuses = _EVERYWHERE if path in _UNAUTHENTICATED else (*_EVERYWHERE, 401)
+            if "requestBody" in operation:  # every body has a size limit (body_limit.py)
+                statuses = (*statuses, 413)
             for status in statuses:
                 responses.setdefault(str(status), {"description": _DESCRIPTIONS[status], "content": error})
             responses["503"]["headers"] = _RETRY_AFTER

@@ -51,7 +51,7 @@ def read_lines(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     return parse_jsonl(client.files.content(file_id).text) if file_id else []
 
 
-def file_request_lines(items: Iterable[bytes]) -> AsyncIterator[InputLine]:
+def file_request_lines(items: Iterable[bytes], max_line_bytes: int | None = None) -> AsyncIterator[InputLine]:
     """The request lines of a file made of ``items`` (one line each), numbered as every service
     numbers them (``shared.input_lines``)."""
 
@@ -59,7 +59,7 @@ def file_request_lines(items: Iterable[bytes]) -> AsyncIterator[InputLine]:
         for item in items:
             yield item + b"\n"
 
-    return request_lines(chunks())
+    return request_lines(chunks(), max_line_bytes)
 
 
 async def read_lines_async(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:

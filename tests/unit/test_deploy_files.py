@@ -234,3 +234,31 @@ def test_the_default_model_needs_no_token() -> None:
     compose = (ROOT / "docker-compose.yml").read_text()
     assert "${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}" in compose  # ungated on Hugging Face
     assert "MODEL=Qwen/Qwen2.5-0.5B-Instruct" in (ROOT / ".env.example").read_text()
+
+
+def _kustomize_literals() -> dict[str, str]:
+    text = (ROOT / "deploy" / "k8s" / "base" / "kustomization.yaml").read_text()
+    return dict(re.findall(r"^\s+- (BATCHSTREAM_[A-Z_]+)=(\S*)$", text, re.MULTILINE))
+
+
+def test_a_line_at_the_line_limit_fits_the_producers_and_the_brokers_message_limit() -> None:
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    from services.api.dispatch.sender import LineSender
+    from shared.input_lines import InputLine
+    from shared.settings import ApiSettings, KafkaSettings
+    from tests.unit.api.dispatch.test_refusals import batch, raw_line
+
+    broker = int(re.findall(r"KAFKA_MESSAGE_MAX_BYTES: (\d+)", (ROOT / "docker-compose.yml").read_text())[0])
+    k8s = _kustomize_literals()
+    for line_limit, request_limit in [
+        (ApiSettings().max_line_bytes, KafkaSettings().max_request_bytes),
+        (int(k8s["BATCHSTREAM_API_MAX_LINE_BYTES"]), int(k8s["BATCHSTREAM_KAFKA_MAX_REQUEST_BYTES"])),
+    ]:
+        short = raw_line("c" * 64, "")
+        raw = raw_line("c" * 64, "x" * (line_limit - len(short)))
+        assert len(raw) == line_limit
+        message = LineSender.request(batch(), InputLine(1_000_000, 0, raw))
+        assert isinstance(message, bytes)
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(None, message, [])
+        assert size <= request_limit <= broker, (size, request_limit, broker)

@@ -156,6 +156,11 @@ class JourneyBook:
     def tracked(self, batch_id: str, line: int) -> bool:
         return (batch_id, line) in self._lines
 
+    def forget_line(self, batch_id: str, line: int) -> None:
+        """A line that has its result another way (its error result): no longer tracked."""
+        if (batch_id, line) in self._lines:
+            self._drop((batch_id, line))
+
     def forget(self, batch_ids: Iterable[str]) -> None:
         gone = set(batch_ids)
         for key in [k for k in self._lines if k[0] in gone]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -27,19 +28,31 @@ from services.api.dispatch.meter import Backlog, GroupProbe
 from services.api.dispatch.order import Affinity, OrderCursor
 from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, at_risk
 from services.api.dispatch.positions import Position, PositionStore
+from services.api.dispatch.reader import InputLine
 from services.api.dispatch.recovery import Recovery
-from services.api.dispatch.sender import LineSender
+from services.api.dispatch.sender import LineSender, Refused
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import REFUSALS, ModelState, QueuedState, Sending
+from services.api.service.announcer import ControlAnnouncer
 from shared.kafka import ensure_topics, make_admin
 from shared.mongo import Mongo
+from shared.protocol.messages import ControlMessage
+from shared.protocol.openai import BatchError
 from shared.settings import KafkaSettings
-from shared.storage import ObjectStore
+from shared.storage import ObjectNotFound, ObjectStore
 from shared.stores.batches import BatchStore, DispatchView
 from shared.stores.files import FileStore
 from shared.topics import inference_group, requests_topic
 
 log = logging.getLogger(__name__)
+
+MODEL_RETRY_S, MODEL_RETRY_MAX_S = 0.2, 5.0
+UNREADABLE: tuple[type[Exception], ...] = (ObjectNotFound, ValueError, struct.error)
+"""Reading a batch's lines failed for good: its input or dispatch order is gone or corrupt (a
+decoding error is a ``ValueError``). Any other error (storage unreachable) is tried again."""
+UNREADABLE_CODE = "input_unreadable"
+UNREADABLE_MESSAGE = "The batch's input could not be read to send its lines: {reason}"
+MAX_REASON_CHARS = 200
 
 
 class Dispatcher:
@@ -63,6 +76,7 @@ class Dispatcher:
         self.positions = PositionStore(mongo.dispatch_positions)
         self.probe = GroupProbe(make_admin(kafka))
         self.sender = LineSender(producer, kafka)
+        self.announcer = ControlAnnouncer(producer, kafka)
         self.recovery = Recovery(batches, store, self.sender, settings)
         self.batches: dict[str, QueuedState] = {}
         self.models: dict[str, ModelState] = {}
@@ -118,6 +132,9 @@ class Dispatcher:
         s = self.settings
         due = [self._refreshed_at + s.refresh_seconds]
         for model, state in self.models.items():
+            if state.retry_at > now:
+                due.append(state.retry_at)
+                continue
             # Only where lines wait: ``_meter`` runs only for a model with batches, so an idle
             # model's reading would stay due and the loop would never rest.
             if state.held_at is not None and model != REFUSALS and self._lines_waiting(model, now):
@@ -160,22 +177,43 @@ class Dispatcher:
             await self._refresh(now)
         sent = 0
         for model in sorted({s.model for s in self.batches.values()}):
-            if model == REFUSALS:
-                if await self._lead(model, now):
-                    sent += await self._refuse(now)
-            elif await self._lead(model, now):
-                await self._meter(model, now)
-                sent += await self._dispatch(model, now)
+            if self._model(model).retry_at > now:
+                continue  # its last try failed: backing off (the other models go on)
+            try:
+                if model == REFUSALS:
+                    if await self._lead(model, now):
+                        sent += await self._refuse(now)
+                elif await self._lead(model, now):
+                    await self._meter(model, now)
+                    sent += await self._dispatch(model, now)
+            except Exception:
+                self._back_off(model, now)
+            else:
+                self._model(model).failures = 0
         if now - self._journeys_at >= self.settings.journey_check_seconds:
             self._journeys_at = now
             for model, state in list(self.models.items()):
-                if state.held_at is not None and model != REFUSALS:
+                if state.held_at is not None and model != REFUSALS and state.retry_at <= now:
                     mine = {s.batch_id: s for s in self.batches.values() if s.model == model}
-                    await self.recovery.check(model, state, mine, now)
+                    try:
+                        await self.recovery.check(model, state, mine, now)
+                    except Exception:
+                        self._back_off(model, now)
         await self._save_positions(now)
         self._publish_metrics()
         metrics.ROUNDS.inc()
         return sent
+
+    def _back_off(self, model: str, now: float) -> None:
+        """One model's round failed (a dependency, most likely): it waits, doubling from
+        ``MODEL_RETRY_S`` up to ``MODEL_RETRY_MAX_S``, and the other models are not held up."""
+        state = self._model(model)
+        state.failures += 1
+        wait = min(MODEL_RETRY_MAX_S, MODEL_RETRY_S * 2 ** (state.failures - 1))
+        state.retry_at = now + wait
+        log.warning(
+            "dispatching a model failed; tried again in %.1f s", wait, exc_info=True, extra={"model": model}
+        )
 
     async def _refresh(self, now: float) -> None:
         self._refresh_now, self._refreshed_at = False, now
@@ -328,10 +366,17 @@ class Dispatcher:
         outgoing = await self.sender.round(state.topic)
         try:
             for grant in state.policy.plan(queue, budget, now):
-                batch = self.batches[grant.batch_id]  # the policy's batch is a dispatch unit
-                cursor = batch.open_cursor(self.store)
+                batch = self.batches.get(grant.batch_id)  # the policy's batch is a dispatch unit
+                if batch is None:
+                    continue  # failed this round (``_unreadable``)
+                try:
+                    cursor = batch.open_cursor(self.store)
+                    lines = await batch.take_unanswered(cursor, grant.lines)
+                except UNREADABLE as exc:
+                    await self._unreadable(batch, exc)
+                    continue
                 read.append(batch)
-                for line in await batch.take_unanswered(cursor, grant.lines):
+                for line in lines:
                     partition = None
                     if self.settings.affinity and isinstance(cursor, OrderCursor):
                         entry = cursor.placed.get(line.number)
@@ -341,16 +386,18 @@ class Dispatcher:
                     outgoing.add(self.sender.request(batch, line), partition)
                     pending.append(Sending(batch, line))
             placed = await outgoing.send()
+            refused = await self._refused(model, pending, placed)
         except Exception:
             for batch in read:  # read again from the last acknowledged position
                 batch.skipped = 0
                 await batch.close_cursor()
             raise
-        for item, (partition, offset) in zip(pending, placed, strict=True):
-            state.record(item, partition, offset)
+        for item, where in zip(pending, placed, strict=True):
+            if not isinstance(where, Refused):
+                state.record(item, *where)
             item.batch.position.sent += 1
         self._advance(read)
-        metrics.DISPATCHED.labels(model).inc(len(pending))
+        metrics.DISPATCHED.labels(model).inc(len(pending) - refused)
         return len(pending)
 
     def _queue(self, model: str, state: ModelState, now: float) -> list[QueuedBatch]:
@@ -370,6 +417,37 @@ class Dispatcher:
             )
             for unit in units
         ]
+
+    async def _refused(
+        self, model: str, pending: list[Sending], placed: list[tuple[int, int] | Refused]
+    ) -> int:
+        """Publish the error result of each line refused for good (``sender.py``); how many."""
+        by_batch: dict[str, list[tuple[InputLine, Refused]]] = {}
+        for item, where in zip(pending, placed, strict=True):
+            if isinstance(where, Refused):
+                by_batch.setdefault(item.batch.batch_id, []).append((item.line, where))
+        for batch_id, lines in by_batch.items():
+            await self.sender.undeliverable(batch_id, lines)
+            log.error(
+                "lines refused for good: each is its own error result",
+                extra={"batch_id": batch_id, "model": model, "lines": [x.number for x, _ in lines][:20]},
+            )
+            metrics.UNDELIVERABLE.labels(model).inc(len(lines))
+        return sum(len(lines) for lines in by_batch.values())
+
+    async def _unreadable(self, batch: QueuedState, exc: Exception) -> None:
+        """A batch whose input (or dispatch order) cannot be read ends ``failed``, saying so; the
+        other batches go on. Its lines already sent are not run (a cancel on the control topic)."""
+        log.error(
+            "a batch's input cannot be read: it fails", exc_info=exc, extra={"batch_id": batch.batch_id}
+        )
+        reason = f"{type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
+        error = BatchError(code=UNREADABLE_CODE, message=UNREADABLE_MESSAGE.format(reason=reason))
+        if await self.batch_store.fail(batch.batch_id, [error]):
+            await self.announcer.announce(
+                ControlMessage(batch_id=batch.batch_id, model=batch.model, cancelled=True)
+            )
+        await self._forget({u for u, s in self.batches.items() if s.batch_id == batch.batch_id})
 
     def _advance(self, read: list[QueuedState]) -> None:
         """Every line read is on Kafka: the positions move past them."""

@@ -22,6 +22,11 @@ LOST = Counter(
     "Lines given up after the last attempt (a line_lost error line)",
     ["model"],
 )
+UNDELIVERABLE = Counter(
+    "batchstream_dispatch_lines_undeliverable_total",
+    "Lines refused for good by the producer or the broker (a line_undeliverable error line)",
+    ["model"],
+)
 ROUNDS = Counter(
     "batchstream_dispatch_rounds_total",
     "Dispatch rounds run (an idle replica runs about one per refresh_seconds)",

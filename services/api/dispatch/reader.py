@@ -33,7 +33,7 @@ class InputCursor:
             if item is None:
                 self.exhausted = True
                 break
-            self.line, self.byte = item.number + 1, item.start + len(item.raw) + 1
+            self.line, self.byte = item.number + 1, item.start + item.size + 1
             if is_request(item.raw):
                 taken.append(item)
         return taken

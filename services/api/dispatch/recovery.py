@@ -13,7 +13,7 @@ import logging
 
 from services.api.dispatch import metrics
 from services.api.dispatch.reader import InputLine, read_lines
-from services.api.dispatch.sender import LineSender
+from services.api.dispatch.sender import LineSender, Refused
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import ModelState, QueuedState, Sending
 from shared.seen_lines import SeenLines
@@ -77,8 +77,16 @@ class Recovery:
                     outgoing.add(self.sender.request(batch, item))
                     resend.append(Sending(batch, item, 2))
         placed = await outgoing.send()
-        for sending, (partition, offset) in zip(resend, placed, strict=True):
-            state.record(sending, partition, offset)
+        refused: list[tuple[InputLine, Refused]] = []
+        for sending, where in zip(resend, placed, strict=True):
+            if isinstance(where, Refused):
+                refused.append((sending.line, where))
+                state.book.forget_line(batch.batch_id, sending.line.number)
+            else:
+                state.record(sending, *where)
+        if refused:
+            await self.sender.undeliverable(batch.batch_id, refused)
+            metrics.UNDELIVERABLE.labels(model).inc(len(refused))
         if resend:
             metrics.RESENT.labels(model).inc(len(resend))
             log.warning(

@@ -169,6 +169,8 @@ class ModelState:
     partitions: int = 0
     metered_at: float = 0.0
     held_at: float | None = None  # last lease renewal; None: not held
+    failures: int = 0  # rounds in a row that failed for this model
+    retry_at: float = 0.0  # after a failure, the model's next round is not before this
 
     def record(self, sending: Sending, partition: int, offset: int) -> None:
         """A send was acknowledged at ``partition``/``offset``."""

@@ -339,6 +339,7 @@ class BatchService:
             max_reported_errors=self.settings.max_reported_errors,
             max_reported_error_bytes=self.settings.max_reported_error_bytes,
             allowed_media_domains=self.media_domains,
+            max_line_bytes=self.settings.max_line_bytes,
         )
         min_shared = self.dispatch.prefix_min_shared_chars
         order, parts = None, None
@@ -347,7 +348,8 @@ class BatchService:
         elif batch.prefix_order:
             order = validator.order = OrderBuilder(min_shared)
         try:
-            report = await validator.run(request_lines(self.store.iter_chunks(input_file.object_key)))
+            chunks = self.store.iter_chunks(input_file.object_key)
+            report = await validator.run(request_lines(chunks, self.settings.max_line_bytes))
             if not report.ok:
                 await self._fail(batch, report.errors)
                 log.info(

@@ -87,7 +87,7 @@ class FileService:
                 param="file",
                 code="invalid_file_format",
             )
-        limit = self.settings.max_batch_input_bytes if purpose == "batch" else self.settings.max_file_bytes
+        limit = upload_limit(self.settings, purpose)
         if size is not None and size > limit:
             raise PayloadTooLarge(f"The file is {size} bytes; the limit is {limit}.", param="file")
         if expires_after is not None and not MIN_EXPIRY_S <= expires_after <= MAX_EXPIRY_S:
@@ -131,6 +131,11 @@ class FileService:
         """The file's document (404 before any byte is sent) and its bytes."""
         doc = await self.document(project, file_id)
         return doc, self.store.iter_chunks(doc.object_key)
+
+
+def upload_limit(settings: ApiSettings, purpose: str) -> int:
+    """The largest file of a purpose, in bytes."""
+    return settings.max_batch_input_bytes if purpose == "batch" else settings.max_file_bytes
 
 
 def page(items: Sequence[FileObject | Batch], limit: int, max_bytes: int) -> ListObject:

@@ -7,6 +7,7 @@ custom_ids are checked for repeats by an external sort (``CustomIdCheck``), not 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import heapq
 import struct
@@ -29,6 +30,13 @@ from shared.protocol.openai import BatchError
 from shared.seen_lines import MAX_LINE_NUMBER
 from shared.settings import ApiSettings
 from shared.stores.models import MODEL_NOT_FOUND, ServedModel
+
+LINE_TOO_LARGE = "line_too_large"
+LINE_TOO_LARGE_MESSAGE = "This line is {size} bytes; the limit is {limit} bytes per line."
+
+SLICE_BYTES = 1024 * 1024
+SLICE_LINES = 4096
+"""The lines checked in the worker thread at a time (whichever is reached first)."""
 
 ID_RUN_BYTES = RUN_BYTES
 """Memory for the custom_id records sorted at a time (about 40,000 lines' worth)."""
@@ -92,6 +100,7 @@ class InputValidator:
     max_reported_errors: int
     max_reported_error_bytes: int = ApiSettings.model_fields["max_reported_error_bytes"].default
     allowed_media_domains: frozenset[str] = frozenset()  # http(s) media URLs only there (data: always)
+    max_line_bytes: int | None = None  # as read (``request_lines``): longer lines come oversize
     order: OrderBuilder | None = None  # fed each line's prompt prefix (the dispatch order)
     parts: PartOrders | None = None
     """A mixed batch's (``mixed_models``): lines may name any served model or adapter; each goes
@@ -100,29 +109,25 @@ class InputValidator:
     _report: ValidationReport = field(default_factory=ValidationReport)
 
     async def run(self, lines: AsyncIterator[InputLine]) -> ValidationReport:
-        """Check the file's request lines (``shared.input_lines.request_lines``)."""
+        """Check the file's request lines (``shared.input_lines.request_lines``).
+
+        The lines are read on the event loop and checked in a worker thread, a slice of
+        ``SLICE_BYTES`` or ``SLICE_LINES`` at a time, so the api answers other calls while a
+        large file validates (the loop waits on a slice, it does not run it)."""
         try:
+            pending: list[InputLine] = []
+            held, stopped = 0, False
             async for line in lines:
-                if line.number > MAX_LINE_NUMBER:
-                    self._error(
-                        None, "too_many_tasks", f"The input file has more than {MAX_LINE_NUMBER} lines."
-                    )
-                    break
-                self._report.lines += 1
-                if self._report.lines > self.max_lines:
-                    continue  # the batch fails anyway: the lines are only counted
-                body = self._check_line(line.number, line.raw)
-                text = prompt_text(self.endpoint, body) if body is not None else None
-                if body is not None:
-                    self._enqueue(body, text, line.raw)
-                if self.order is not None:
-                    self.order.add(line, text)
-                elif self.parts is not None and body is not None:
-                    model = body.get("model")
-                    if isinstance(model, str) and model:
-                        known = self.known_models.get(model)
-                        self.parts.add(known.base if known else None, model, line, text)
-            self._report_repeats()
+                pending.append(line)
+                held += len(line.raw)
+                if held >= SLICE_BYTES or len(pending) >= SLICE_LINES:
+                    stopped = await asyncio.to_thread(self._check_lines, pending)
+                    pending, held = [], 0
+                    if stopped:
+                        break
+            if pending and not stopped:
+                await asyncio.to_thread(self._check_lines, pending)
+            await asyncio.to_thread(self._report_repeats)
         finally:
             self._custom_ids.close()
         if self._report.lines == 0:
@@ -152,6 +157,37 @@ class InputValidator:
                 use = self._report.enqueued[model] = ModelUse()
             use.lines += 1
             use.tokens += estimate_tokens(text if text is not None else raw)
+
+    def _check_lines(self, lines: list[InputLine]) -> bool:
+        """Check a slice of lines (in a worker thread); True when the file has too many lines to
+        read on."""
+        for line in lines:
+            if line.number > MAX_LINE_NUMBER:
+                self._error(None, "too_many_tasks", f"The input file has more than {MAX_LINE_NUMBER} lines.")
+                return True
+            self._report.lines += 1
+            if self._report.lines > self.max_lines:
+                continue  # the batch fails anyway: the lines are only counted
+            if line.oversize:
+                limit = self.max_line_bytes
+                self._error(
+                    line.number,
+                    LINE_TOO_LARGE,
+                    LINE_TOO_LARGE_MESSAGE.format(size=line.oversize, limit=limit),
+                )
+                continue
+            body = self._check_line(line.number, line.raw)
+            text = prompt_text(self.endpoint, body) if body is not None else None
+            if body is not None:
+                self._enqueue(body, text, line.raw)
+            if self.order is not None:
+                self.order.add(line, text)
+            elif self.parts is not None and body is not None:
+                model = body.get("model")
+                if isinstance(model, str) and model:
+                    known = self.known_models.get(model)
+                    self.parts.add(known.base if known else None, model, line, text)
+        return False
 
     def _report_repeats(self) -> None:
         """Every line whose custom_id an earlier line has, merged into the errors in line order

@@ -21,13 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The corpus stack's caps (set through its environment), small so the "too big" cases stay cheap.
-BYTE_CAP = 12 * 1024 * 1024
+MiB = 1024 * 1024
+BYTE_CAP = 12 * MiB  # any file but a batch input
+BATCH_BYTE_CAP = 72 * MiB  # a batch input: room for a 64 MB line without a newline
+LINE_BYTE_CAP = 4 * MiB  # one line of a batch input (the default)
+MESSAGE_CAP = 3_600_000  # the producers' largest message: below the line cap, over a 3 MB line
 LINE_CAP = 1000  # the corpus stack's max_batch_lines (the default, 1,000,000, is a benchmark's size)
 LIST_BYTES = 8 * 1024  # the corpus stack's max_list_bytes: its lists of the corpus take pages
 LONG = "y" * 15_000  # a client's value no message may echo whole
 URL_LONG = LONG[:8000]  # in a path or query: the server reads at most 16 KiB of request head
 ECHOED_BYTES = 2048  # the most an error answer, or one line's error entry, may take
 MODEL = "corpus-fake"
+OTHER_MODEL = "corpus-fake-other"
 CHAT = "/v1/chat/completions"
 
 
@@ -171,7 +176,15 @@ REQUEST_CASES: list[RequestCase] = [
         413,
         "file_too_large",
         "file",
-        kwargs=_upload(data=b"x" * (BYTE_CAP + 1)),
+        kwargs=_upload(data=b"x" * (BYTE_CAP + 1), purpose="user_data"),
+    ),
+    RequestCase(
+        "create-body-over-the-json-cap",
+        "POST",
+        "/v1/batches",
+        413,
+        "request_too_large",
+        kwargs=_create(metadata={"k": "v" * (2 * MiB)}),
     ),
     # uploads: headers and multipart framing
     RequestCase(
@@ -503,6 +516,8 @@ class FileCase:
     completed: int = 1
     xfail: str | None = None
     timeout_s: float = 30.0
+    message: str | None = None  # in the first error's message
+    beside: bool = False  # another project's small batch, created right after, must complete
 
 
 def _many_lines(count: int) -> bytes:
@@ -518,6 +533,20 @@ FILE_CASES: list[FileCase] = [
         "huge-invalid-line",
         lambda: b'{"custom_id": "a", "x": "' + b"y" * 3_000_000,
         [(1, "invalid_json_line")],
+    ),
+    FileCase(
+        "line-over-the-line-byte-cap",
+        lambda: dump(line(body=body(messages=[{"role": "user", "content": "z" * 10_000_000}]))),
+        [(1, "line_too_large")],
+        message=f"the limit is {LINE_BYTE_CAP} bytes per line",
+        beside=True,
+    ),
+    FileCase(
+        "64-mb-line-without-newline",
+        lambda: dump(line("a")) + b"\n" + b"x" * (64 * MiB),
+        [(2, "line_too_large")],
+        message=f"This line is {64 * MiB} bytes",
+        beside=True,
     ),
     FileCase(
         "huge-valid-line",

@@ -14,20 +14,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from deploy.local import ModelSpec, Stack
 from tests.integration.api.corpus import (
+    BATCH_BYTE_CAP,
     BYTE_CAP,
     CHAT,
     ECHOED_BYTES,
     FILE_CASES,
+    LINE_BYTE_CAP,
     LINE_CAP,
     LIST_BYTES,
+    MESSAGE_CAP,
     MODEL,
+    OTHER_MODEL,
     REQUEST_CASES,
     FileCase,
+    MiB,
     RequestCase,
+    body,
     dump,
     line,
 )
@@ -39,15 +46,18 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def corpus_stack(own_stack: OwnStack) -> Iterator[Stack]:
-    model = ModelSpec("", MODEL, engine="fake")
+    models = [ModelSpec("", MODEL, engine="fake"), ModelSpec("", OTHER_MODEL, engine="fake")]
     env = {
         **FAKE_STACK_ENV,
-        "BATCHSTREAM_API_MAX_BATCH_INPUT_BYTES": str(BYTE_CAP),
+        "BATCHSTREAM_API_MAX_BATCH_INPUT_BYTES": str(BATCH_BYTE_CAP),
         "BATCHSTREAM_API_MAX_BATCH_LINES": str(LINE_CAP),
         "BATCHSTREAM_API_MAX_FILE_BYTES": str(BYTE_CAP),
         "BATCHSTREAM_API_MAX_LIST_BYTES": str(LIST_BYTES),
+        "BATCHSTREAM_API_MAX_LINE_BYTES": str(LINE_BYTE_CAP),
+        "BATCHSTREAM_KAFKA_MAX_REQUEST_BYTES": str(MESSAGE_CAP),
     }
-    with own_stack("corpus", ["api", "aggregator", model.component], models=[model], extra_env=env) as stack:
+    components = ["api", "aggregator", *(m.component for m in models)]
+    with own_stack("corpus", components, models=models, extra_env=env) as stack:
         yield stack
 
 
@@ -136,7 +146,11 @@ def test_a_malformed_input_file_fails_its_batch_with_its_line_errors(
         json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
     )
     assert created.status_code == 200, created.text
+    beside = small_batch(api, keys, "other", MODEL) if case.beside else None
     batch = wait_http_terminal(api, created.json()["id"], case.timeout_s, headers=auth(keys, "own"))
+    if beside is not None:
+        other = wait_http_terminal(api, beside, 30, headers=auth(keys, "other"))
+        assert other["status"] == "completed" and other["request_counts"]["completed"] == 3, other
     if case.codes is None:
         assert batch["status"] == "completed", batch
         counts = batch["request_counts"]
@@ -146,25 +160,63 @@ def test_a_malformed_input_file_fails_its_batch_with_its_line_errors(
     assert all(len(json.dumps(e)) <= ECHOED_BYTES for e in batch["errors"]["data"]), batch["errors"]
     found = [(e["line"], e["code"]) for e in batch["errors"]["data"]]
     assert found[: len(case.codes)] == case.codes, batch["errors"]
+    if case.message is not None:
+        assert case.message in batch["errors"]["data"][0]["message"], batch["errors"]
 
 
-def test_after_the_corpus_the_same_api_is_healthy_and_completes_a_batch(
-    api: httpx.Client, keys: dict[str, str], api_pid: int, corpus_stack: Stack
-) -> None:
-    assert corpus_stack.pid("api") == api_pid, "the api process was restarted during the corpus"
-    assert api.get("/health").json() == {"status": "healthy"}
-    file_id = own_upload(api, keys, dump(*(line(f"after-{n}") for n in range(20))))
+def small_batch(api: httpx.Client, keys: dict[str, str], who: str, model: str, *lines: bytes) -> str:
+    """A batch of ``who``'s (three small lines of ``model`` unless ``lines`` are given): its id."""
+    items = lines or tuple(dump(line(f"{who}-{n}", body=body(model=model))) for n in range(3))
+    file_id = upload(api, b"\n".join(items), headers=auth(keys, who))["id"]
     created = api.post(
         "/v1/batches",
-        headers=auth(keys, "own"),
+        headers=auth(keys, who),
         json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
     )
-    batch = wait_http_terminal(api, created.json()["id"], 60, headers=auth(keys, "own"))
+    assert created.status_code == 200, created.text
+    return str(created.json()["id"])
+
+
+def test_a_line_the_producer_refuses_is_its_own_error_while_the_batch_and_another_model_complete(
+    api: httpx.Client, keys: dict[str, str]
+) -> None:
+    # Under the line cap, over the producers' largest message (MESSAGE_CAP): it validates, then
+    # cannot be sent; the lines around it and another project's batch of another model run.
+    big = dump(line("big", body=body(messages=[{"role": "user", "content": "w" * (MESSAGE_CAP + 1000)}])))
+    assert MESSAGE_CAP < len(big) <= LINE_BYTE_CAP
+    refused = small_batch(api, keys, "own", MODEL, dump(line("before")), big, dump(line("after")))
+    other = small_batch(api, keys, "other", OTHER_MODEL)
+    batch = wait_http_terminal(api, refused, 30, headers=auth(keys, "own"))
     assert batch["status"] == "completed", batch
-    assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
-    output = api.get(f"/v1/files/{batch['output_file_id']}/content", headers=auth(keys, "own")).text
-    found = sorted(json.loads(x)["custom_id"] for x in output.split("\n") if x)
-    assert found == sorted(f"after-{n}" for n in range(20))
+    assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}, batch
+    errors = api.get(f"/v1/files/{batch['error_file_id']}/content", headers=auth(keys, "own")).text
+    [error_line] = [json.loads(x) for x in errors.split("\n") if x]
+    assert error_line["custom_id"] == "big"
+    assert error_line["error"]["code"] == "line_undeliverable", error_line
+    assert f"the largest message sent is {MESSAGE_CAP} bytes" in error_line["error"]["message"]
+    assert wait_http_terminal(api, other, 30, headers=auth(keys, "other"))["status"] == "completed"
+
+
+def test_a_body_over_the_largest_upload_is_refused_while_it_streams(
+    api: httpx.Client, keys: dict[str, str], corpus_stack: Stack
+) -> None:
+    """No Content-Length (a chunked body): the api counts the bytes as they come and answers 413
+    once they pass the largest upload; it writes (spools) no more of the body than that."""
+
+    def body_chunks() -> Iterator[bytes]:
+        yield b'--xyz\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        yield b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+        for _ in range(2 * BATCH_BYTE_CAP // MiB):
+            yield b"x" * MiB
+
+    api_process = psutil.Process(corpus_stack.pid("api"))
+    written = api_process.io_counters().write_chars
+    headers = {**auth(keys, "own"), "content-type": "multipart/form-data; boundary=xyz"}
+    response = api.post("/v1/files", content=body_chunks(), headers=headers)
+    assert_error(response, 413, "file_too_large", "file")
+    assert str(BATCH_BYTE_CAP) in response.json()["error"]["message"]
+    written = api_process.io_counters().write_chars - written
+    assert written < BATCH_BYTE_CAP + 8 * MiB, f"the api wrote {written} bytes of a body it refused"
 
 
 def pages(api: httpx.Client, keys: dict[str, str], path: str, limit: int) -> list[list[dict[str, Any]]]:
@@ -192,3 +244,22 @@ def test_the_corpus_lists_in_pages_within_the_budget_that_reach_every_item(
     assert [item["id"] for page in budgeted for item in page] == [
         item["id"] for page in one_by_one for item in page
     ]
+
+
+def test_after_the_corpus_the_same_api_is_healthy_and_completes_a_batch(
+    api: httpx.Client, keys: dict[str, str], api_pid: int, corpus_stack: Stack
+) -> None:
+    assert corpus_stack.pid("api") == api_pid, "the api process was restarted during the corpus"
+    assert api.get("/health").json() == {"status": "healthy"}
+    file_id = own_upload(api, keys, dump(*(line(f"after-{n}") for n in range(20))))
+    created = api.post(
+        "/v1/batches",
+        headers=auth(keys, "own"),
+        json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
+    )
+    batch = wait_http_terminal(api, created.json()["id"], 60, headers=auth(keys, "own"))
+    assert batch["status"] == "completed", batch
+    assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+    output = api.get(f"/v1/files/{batch['output_file_id']}/content", headers=auth(keys, "own")).text
+    found = sorted(json.loads(x)["custom_id"] for x in output.split("\n") if x)
+    assert found == sorted(f"after-{n}" for n in range(20))

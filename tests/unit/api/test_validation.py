@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -278,3 +280,37 @@ async def test_a_media_url_the_workers_may_not_fetch_is_that_lines_error() -> No
         ENDPOINT, served(m=1024), 100, 100, allowed_media_domains=frozenset({"images.example.com"})
     )
     assert codes(await validator.run(file_request_lines(items))) == [(2, "invalid_request", param)]
+
+
+async def test_a_line_over_the_byte_limit_is_its_own_error_naming_its_size_and_the_limit() -> None:
+    limit = len(line("a")) + 10
+    big = line("b" + "x" * 11)
+    exact = line("c" + "y" * 10)
+    assert (len(big), len(exact)) == (limit + 1, limit)
+    validator = InputValidator(ENDPOINT, served(m=1024), 100, 100, max_line_bytes=limit)
+    report = await validator.run(file_request_lines([line("a"), big, exact], max_line_bytes=limit))
+    assert codes(report) == [(2, "line_too_large", None)]
+    assert report.errors[0].message == f"This line is {limit + 1} bytes; the limit is {limit} bytes per line."
+    assert report.lines == 3
+
+
+async def test_the_event_loop_keeps_answering_while_a_large_file_validates() -> None:
+    items = [line(f"id-{n}", body={"model": "m", "messages": MESSAGES * 20}) for n in range(10_000)]
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.005)
+            gaps.append(loop.time() - before)
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    try:
+        report = await validate(items, max_lines=100_000)
+    finally:
+        ticker.cancel()
+    took = time.monotonic() - started
+    assert report.ok and report.lines == 10_000
+    assert max(gaps) < max(0.2, took / 5), f"the loop stalled {max(gaps):.2f} s of {took:.2f} s"
