@@ -160,6 +160,8 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 	$(VENV_CHECK)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml; \
 	! $(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml config -q 2> /dev/null; \
 	export GRAFANA_ADMIN_PASSWORD=offline-check KAFKA_ADMIN_PASSWORD=offline-check KAFKA_API_PASSWORD=offline-check \
+		BATCHSTREAM_API_KEYS=offline-check BATCHSTREAM_S3_SECRET_KEY=offline-check \
+		BATCHSTREAM_KAFKA_SIGNING_KEY=offline-check \
 		KAFKA_INFERENCE_PASSWORD=offline-check KAFKA_AGGREGATOR_PASSWORD=offline-check \
 		KAFKA_EXPORTER_PASSWORD=offline-check KAFKA_PIPELINE_PASSWORD=offline-check; \
 	$(VENV_CHECK)/bin/docker-compose --env-file .env.example -f docker-compose.yml config > "$$tmp/compose.yml"; \

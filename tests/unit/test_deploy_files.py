@@ -165,6 +165,10 @@ def test_compose_publishes_on_loopback_unless_told_and_keeps_no_default_admin_se
             assert str(port).startswith("${BATCHSTREAM_BIND_ADDRESS:-127.0.0.1}:"), (name, port)
     s3 = compose["services"]["s3"]
     assert "--console-address" not in s3["command"] and s3["environment"]["MINIO_BROWSER"] == "off"
+    api_env = compose["services"]["api"]["environment"]
+    assert api_env["BATCHSTREAM_ENVIRONMENT"] == "${BATCHSTREAM_ENVIRONMENT:-production}"
+    for secret in ("BATCHSTREAM_API_KEYS", "BATCHSTREAM_S3_SECRET_KEY", "BATCHSTREAM_KAFKA_SIGNING_KEY"):
+        assert api_env[secret].startswith(f"${{{secret}:?"), secret  # no default: set in .env
     password = compose["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
     assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?")  # no default: compose refuses without one
     example = (ROOT / ".env.example").read_text()
