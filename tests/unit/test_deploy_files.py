@@ -19,6 +19,7 @@ import yaml
 
 from deploy.check_dashboard import problems
 from deploy.compose_gpus import gpu_services
+from shared.settings import weak_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "requirements"
@@ -234,3 +235,13 @@ def test_the_default_model_needs_no_token() -> None:
     compose = (ROOT / "docker-compose.yml").read_text()
     assert "${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}" in compose  # ungated on Hugging Face
     assert "MODEL=Qwen/Qwen2.5-0.5B-Instruct" in (ROOT / ".env.example").read_text()
+
+
+@pytest.mark.parametrize(
+    "name", ["BATCHSTREAM_API_KEYS", "BATCHSTREAM_S3_SECRET_KEY", "BATCHSTREAM_KAFKA_SIGNING_KEY"]
+)
+def test_the_base_secrets_placeholders_stop_a_production_start(name: str) -> None:
+    """A base Secret left as shipped must not start: each placeholder is one the services refuse."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "k8s" / "base" / "secret.yaml").read_text())
+    secrets = next(d for d in docs if d["metadata"]["name"] == "batchstream-secrets")
+    assert weak_secret(secrets["stringData"][name]) is not None
