@@ -172,6 +172,16 @@ def test_compose_publishes_on_loopback_unless_told_and_keeps_no_default_admin_se
     assert "GRAFANA_ADMIN_PASSWORD=\n" in example and "BATCHSTREAM_BIND_ADDRESS=127.0.0.1" in example
 
 
+@pytest.mark.parametrize(
+    "name", ["BATCHSTREAM_API_KEYS", "BATCHSTREAM_S3_SECRET_KEY", "BATCHSTREAM_KAFKA_SIGNING_KEY"]
+)
+def test_the_base_secrets_placeholders_stop_a_production_start(name: str) -> None:
+    """A base Secret left as shipped must not start: each placeholder is one the services refuse."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "k8s" / "base" / "secret.yaml").read_text())
+    secrets = next(d for d in docs if d["metadata"]["name"] == "batchstream-secrets")
+    assert weak_secret(secrets["stringData"][name]) is not None
+
+
 def test_compose_kafka_asks_every_client_for_a_user_and_denies_what_no_acl_allows() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
@@ -235,13 +245,3 @@ def test_the_default_model_needs_no_token() -> None:
     compose = (ROOT / "docker-compose.yml").read_text()
     assert "${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}" in compose  # ungated on Hugging Face
     assert "MODEL=Qwen/Qwen2.5-0.5B-Instruct" in (ROOT / ".env.example").read_text()
-
-
-@pytest.mark.parametrize(
-    "name", ["BATCHSTREAM_API_KEYS", "BATCHSTREAM_S3_SECRET_KEY", "BATCHSTREAM_KAFKA_SIGNING_KEY"]
-)
-def test_the_base_secrets_placeholders_stop_a_production_start(name: str) -> None:
-    """A base Secret left as shipped must not start: each placeholder is one the services refuse."""
-    docs = yaml.safe_load_all((ROOT / "deploy" / "k8s" / "base" / "secret.yaml").read_text())
-    secrets = next(d for d in docs if d["metadata"]["name"] == "batchstream-secrets")
-    assert weak_secret(secrets["stringData"][name]) is not None
