@@ -97,11 +97,3 @@ class ApiKeyStore:
         """The project of the key hashed to ``digest``; None when unknown or revoked."""
         doc = await self.mongo.api_keys.find_one({"_id": digest})
         return str(doc["project"]) if doc and not doc.get("revoked") else None
-
-
-def _revoked_at(doc: dict[str, object]) -> int | None:
-    """When a key was revoked (a key revoked before revocation times were kept: 0)."""
-    if not doc.get("revoked"):
-        return None
-    when = doc.get("revoked_at")
-    return int(when) if isinstance(when, int | float) else 0

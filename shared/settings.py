@@ -84,9 +84,10 @@ class RuntimeSettings(BaseSettings):
 
     model_config = _config("")
     environment: str = "development"
-    """``development`` or ``test`` accept any API key and S3 secret; any other value (e.g.
-    ``production``) makes every service refuse to start while one configured API key, or the S3
-    secret, is the local stack's, a placeholder (``replace-me``) or shorter than 20 characters."""
+    """``development`` or ``test`` accept any API key, S3 secret and Kafka signing key; any other
+    value (e.g. ``production``) makes every service refuse to start while one configured API key,
+    the S3 secret or the Kafka signing key is the local stack's, a placeholder (``replace-me``) or
+    shorter than 20 characters."""
     log_level: str = "INFO"
     """Python log level; logs are JSON lines on stderr."""
 

@@ -29,6 +29,7 @@ from aiokafka.errors import KafkaError, LeaderNotAvailableError, for_code
 from services.inference import metrics
 from services.inference.handler import never_ran
 from services.inference.publisher import UNDELIVERABLE
+from shared.errors import ECHO_CHARS
 from shared.kafka import decode, make_admin
 from shared.protocol.messages import (
     BATCH_NOT_VERIFIED_CODE,
@@ -47,9 +48,6 @@ from shared.settings import AggregatorSettings, KafkaSettings
 from shared.topics import ReplyTopicRule
 
 log = logging.getLogger(__name__)
-
-ECHO_CHARS = 200
-"""Most characters of a publisher's own string (request id, reply topic) a dead letter repeats."""
 
 
 @dataclass(frozen=True)

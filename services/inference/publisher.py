@@ -42,6 +42,7 @@ from aiokafka.errors import (
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from services.inference import metrics
+from shared.errors import ECHO_CHARS
 from shared.protocol.messages import RESULT_COUNT_HEADER, DeadLetter, ResultMessage, result_group_json
 from shared.retries import RetryRule, first_then_retrying
 
@@ -116,7 +117,7 @@ class ResultPublisher:
         """Publish ``result`` alone on the reply topic ``topic`` and wait for the broker's
         acknowledgement. Raises ``Undeliverable`` when the broker refuses it for that topic or
         record; any other last failure propagates."""
-        context = {"request_id": result.request_id[:200], "at": where}
+        context = {"request_id": result.request_id[:ECHO_CHARS], "at": where}
         try:
             key = (result.batch_id or result.request_id).encode()
             await self._send(topic, key, result.to_json(), 1, context, REPLY_RETRY)

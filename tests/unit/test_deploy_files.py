@@ -19,6 +19,7 @@ import yaml
 
 from deploy.check_dashboard import problems
 from deploy.compose_gpus import gpu_services
+from shared.settings import weak_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "requirements"
@@ -173,6 +174,16 @@ def test_compose_publishes_on_loopback_unless_told_and_keeps_no_default_admin_se
     assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?")  # no default: compose refuses without one
     example = (ROOT / ".env.example").read_text()
     assert "GRAFANA_ADMIN_PASSWORD=\n" in example and "BATCHSTREAM_BIND_ADDRESS=127.0.0.1" in example
+
+
+@pytest.mark.parametrize(
+    "name", ["BATCHSTREAM_API_KEYS", "BATCHSTREAM_S3_SECRET_KEY", "BATCHSTREAM_KAFKA_SIGNING_KEY"]
+)
+def test_the_base_secrets_placeholders_stop_a_production_start(name: str) -> None:
+    """A base Secret left as shipped must not start: each placeholder is one the services refuse."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "k8s" / "base" / "secret.yaml").read_text())
+    secrets = next(d for d in docs if d["metadata"]["name"] == "batchstream-secrets")
+    assert weak_secret(secrets["stringData"][name]) is not None
 
 
 def test_compose_kafka_asks_every_client_for_a_user_and_denies_what_no_acl_allows() -> None:

@@ -156,7 +156,7 @@ def test_an_upload_past_the_stored_bytes_answers_429_until_a_file_goes(api: Api)
 
 
 def test_concurrent_creates_stop_at_the_batches_in_progress(api: Api, quota_stack: Stack) -> None:
-    metrics = f"{quota_stack.base_url.removesuffix('/v1')}/metrics"
+    metrics = f"http://127.0.0.1:{quota_stack.ports.api_metrics}/metrics"  # not on the api's port
     refusals = metric_value(metrics, "batchstream_api_quota_refusals_total", limit="batches_in_progress")
     file_id = upload(api("count"), lines(1, "a"))["id"]
     clients = [api("count") for _ in range(6)]
