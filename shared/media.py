@@ -20,6 +20,14 @@ MEDIA_KEYS = frozenset({"image_url", "audio_url", "video_url", "file_url"})
 
 MARKER = b"_url"
 """Every media key ends so: a line without these bytes names no media URL (a cheap pre-check)."""
+ESCAPE = b"\\u"
+"""A JSON escape may spell a key's bytes otherwise (``image\u005furl``): a line holding one is walked
+whatever the pre-check says."""
+
+
+def may_name_media(raw: bytes) -> bool:
+    """Whether a line's bytes may name a media URL (False: the body need not be walked)."""
+    return MARKER in raw or ESCAPE in raw
 
 
 def media_urls(value: Any, path: str = "body") -> Iterator[tuple[str, str]]:

@@ -110,8 +110,11 @@ class RuntimeSettings(BaseSettings):
             problems.append("BATCHSTREAM_API_KEYS holds no key")
         if (why := weak_secret(StorageSettings().secret_key)) is not None:
             problems.append(f"BATCHSTREAM_S3_SECRET_KEY {why}")
-        if (why := weak_secret(KafkaSettings().signing_key)) is not None:
+        kafka = KafkaSettings()
+        if (why := weak_secret(kafka.signing_key)) is not None:
             problems.append(f"BATCHSTREAM_KAFKA_SIGNING_KEY (the api and workers share it) {why}")
+        if kafka.security_protocol.startswith("SASL") and (why := weak_secret(kafka.sasl_password)):
+            problems.append(f"BATCHSTREAM_KAFKA_SASL_PASSWORD {why}")
         if problems:
             raise ValueError(
                 f"outside development (BATCHSTREAM_ENVIRONMENT={self.environment}) every secret must "
@@ -149,17 +152,7 @@ class KafkaSettings(BaseSettings):
     """That user's password."""
     ssl_cafile: str = ""
     """CA bundle that signed the brokers' certificates (``SSL`` / ``SASL_SSL``); empty: the system's."""
-
-    @model_validator(mode="after")
-    def _sasl_needs_a_user(self) -> KafkaSettings:
-        if self.security_protocol.startswith("SASL") and not (self.sasl_username and self.sasl_password):
-            raise ValueError(
-                f"BATCHSTREAM_KAFKA_SECURITY_PROTOCOL={self.security_protocol} needs "
-                "BATCHSTREAM_KAFKA_SASL_USERNAME and BATCHSTREAM_KAFKA_SASL_PASSWORD"
-            )
-        return self
-
-    signing_key: str = Field(default=DEV_KAFKA_SIGNING_KEY, min_length=16, repr=False)
+    signing_key: str = Field(default=DEV_KAFKA_SIGNING_KEY, min_length=MIN_SECRET_CHARS, repr=False)
     """Key of the HMAC-SHA256 with which the api signs each batch line's request message and the
     workers check it (docs/kafka-protocol.md#signed-batch-lines); the api and every worker must
     share it. The default (the local stack's) is refused outside development."""
@@ -168,6 +161,13 @@ class KafkaSettings(BaseSettings):
     Kafka topic name that no service owns; e.g. ``^replies\\.`` lets pipelines answer only to
     topics named ``replies.*``. A request with another reply topic is not run: it goes to the
     dead-letter topic."""
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest message a producer sends (aiokafka's ``max_request_size``; 8 MiB), and the
+    ``max.message.bytes`` of the requests and results topics a service creates. At most the
+    brokers' ``message.max.bytes`` (8 MiB in docker-compose.yml), and above
+    ``BATCHSTREAM_API_MAX_LINE_BYTES`` with room for a request's envelope: the dispatcher makes a
+    line whose message is larger, or that the broker refuses as too large, that line's
+    ``line_undeliverable`` error result."""
 
     @field_validator("reply_topic_pattern")
     @classmethod
@@ -178,13 +178,14 @@ class KafkaSettings(BaseSettings):
             raise ValueError(f"reply_topic_pattern is not a regular expression: {e}") from e
         return pattern
 
-    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    """Largest message a producer sends (aiokafka's ``max_request_size``; 8 MiB), and the
-    ``max.message.bytes`` of the requests and results topics a service creates. At most the
-    brokers' ``message.max.bytes`` (8 MiB in docker-compose.yml), and above
-    ``BATCHSTREAM_API_MAX_LINE_BYTES`` with room for a request's envelope: the dispatcher makes a
-    line whose message is larger, or that the broker refuses as too large, that line's
-    ``line_undeliverable`` error result."""
+    @model_validator(mode="after")
+    def _sasl_needs_a_user(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and not (self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"BATCHSTREAM_KAFKA_SECURITY_PROTOCOL={self.security_protocol} needs "
+                "BATCHSTREAM_KAFKA_SASL_USERNAME and BATCHSTREAM_KAFKA_SASL_PASSWORD"
+            )
+        return self
 
 
 class MongoSettings(BaseSettings):

@@ -186,7 +186,8 @@ class BatchService:
     async def _first_model(self, input_file: FileDocument) -> str | None:
         """The model the input file's first request line names (None when it names none): the
         model whose queue a create is checked against (validation checks every line)."""
-        lines = request_lines(self.store.iter_chunks(input_file.object_key))
+        # Held to the line limit: a longer first line comes empty (``oversize``) and names no model.
+        lines = request_lines(self.store.iter_chunks(input_file.object_key), self.settings.max_line_bytes)
         try:
             async for line in lines:
                 item = orjson.loads(line.raw.removeprefix(UTF8_BOM))

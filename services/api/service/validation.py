@@ -239,7 +239,7 @@ class InputValidator:
         if not self._check_envelope(number, item):
             return None
         self._check_body(number, item["body"])
-        if media.MARKER in raw:  # names a media URL: one the workers may fetch?
+        if media.may_name_media(raw):  # names a media URL: one the workers may fetch?
             refusal = media.first_refusal(item["body"], self.allowed_media_domains)
             if refusal is not None:
                 self._error(number, "invalid_request", refusal[1], refusal[0])

@@ -273,13 +273,25 @@ async def test_a_media_url_the_workers_may_not_fetch_is_that_lines_error() -> No
         line("metadata", body=with_image("http://169.254.169.254/latest/meta-data/")),
         line("allowed", body=with_image("https://images.example.com/a.png")),
     ]
+    items.append(  # the key spelt with a JSON escape: found all the same
+        line("escaped", body=with_image("http://10.0.0.1/a.png")).replace(
+            b'"image_url": {', b'"image\\u005furl": {'
+        )
+    )
     param = "body.messages[0].content[1].image_url.url"
     report = await validate(items)
-    assert codes(report) == [(2, "invalid_request", param), (3, "invalid_request", param)]
+    assert codes(report) == [
+        (2, "invalid_request", param),
+        (3, "invalid_request", param),
+        (4, "invalid_request", param),
+    ]
     validator = InputValidator(
         ENDPOINT, served(m=1024), 100, 100, allowed_media_domains=frozenset({"images.example.com"})
     )
-    assert codes(await validator.run(file_request_lines(items))) == [(2, "invalid_request", param)]
+    assert codes(await validator.run(file_request_lines(items))) == [
+        (2, "invalid_request", param),
+        (4, "invalid_request", param),
+    ]
 
 
 async def test_a_line_over_the_byte_limit_is_its_own_error_naming_its_size_and_the_limit() -> None:

@@ -76,3 +76,17 @@ def test_a_mongo_uri_is_checked_and_kept_as_written() -> None:
     assert MongoSettings(uri=uri).uri == uri
     with pytest.raises(pydantic.ValidationError, match="mongodb"):
         MongoSettings(uri="127.0.0.1:27117")
+
+
+def test_outside_development_a_weak_kafka_password_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSTREAM_ENVIRONMENT", "production")
+    monkeypatch.setenv("BATCHSTREAM_API_KEYS", STRONG_KEY)
+    monkeypatch.setenv("BATCHSTREAM_S3_SECRET_KEY", STRONG_S3)
+    monkeypatch.setenv("BATCHSTREAM_KAFKA_SIGNING_KEY", "own-signing-key-of-this-deployment")
+    monkeypatch.setenv("BATCHSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("BATCHSTREAM_KAFKA_SASL_USERNAME", "api")
+    monkeypatch.setenv("BATCHSTREAM_KAFKA_SASL_PASSWORD", "replace-me")  # the Kubernetes placeholder
+    with pytest.raises(pydantic.ValidationError, match="BATCHSTREAM_KAFKA_SASL_PASSWORD is a placeholder"):
+        RuntimeSettings()
+    monkeypatch.setenv("BATCHSTREAM_KAFKA_SASL_PASSWORD", STRONG_S3)
+    assert not RuntimeSettings().is_development
