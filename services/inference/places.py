@@ -300,23 +300,27 @@ class EnginePlaces:
             caps.update(dict.fromkeys(here - young, max(self.beside_young, share)))
         return caps
 
-    def _may_run(self, group: str, project: Project, caps: dict[Project, int] | None = None) -> bool:
+    def _room(self) -> dict[Project, int]:
+        """How many more lines of its groups that are not young each project may put on the
+        engine now (a project not named: any; see ``_caps``)."""
+        caps = self._caps()
+        if not caps:
+            return {}
+        running: Counter[Project] = Counter()
+        for group, held in self._groups.items():
+            if not self._young(group):
+                running[held.project] += len(held.runs)
+        return {project: cap - running[project] for project, cap in caps.items()}
+
+    def _may_run(self, group: str, project: Project, room: dict[Project, int] | None = None) -> bool:
         """A free place for one more line of the group (not held back beside a young line)."""
         if self.full:
             return False
         queue = self._queues.get(group)
         if self._young(group) or (queue and queue[0].young):
             return True
-        cap = (self._caps() if caps is None else caps).get(project)
-        return cap is None or self._others_running(project) < cap
-
-    def _others_running(self, project: Project) -> int:
-        """The project's lines on the engine of groups that are not young."""
-        return sum(
-            len(held.runs)
-            for g, held in self._groups.items()
-            if held.project == project and not self._young(g)
-        )
+        left = (self._room() if room is None else room).get(project)
+        return left is None or left > 0
 
     def _grant(self, group: str, project: Project, run_id: str, young: bool) -> None:
         held = self._groups.setdefault(group, _Group(project))
@@ -328,8 +332,8 @@ class EnginePlaces:
         while self._queues:
             if self.full:
                 return
-            caps = self._caps()
-            ready = [g for g in self._queues if self._may_run(g, self._project_of(g), caps)]
+            room = self._room()
+            ready = [g for g in self._queues if self._may_run(g, self._project_of(g), room)]
             if not ready:
                 return
             group = self._first_served(ready)
