@@ -137,12 +137,15 @@ class InferenceSettings(BaseSettings):
     """A batch's first lines in the worker, while it has fewer than this there, are young: each
     goes onto the engine at once, and the newest lines on the engine of the batch with the most
     there are aborted to make room, mostly those waiting inside it (they wait for a place again; a
-    running line's work so far is lost).
+    running line's work so far is lost): another project's only while the batch's project holds
+    fewer than an equal share of the places, else its own project's.
     So a new batch starts at once rather than after running sequences end. 0: no line is young.
     Direct requests are never young."""
     young_batch_others_share: float = Field(default=0.25, ge=0, le=1)
     """While young lines run, the batches without one keep at most this share of the engine's
-    ``max_num_seqs`` places (the rest are aborted, and run again once the young lines are done).
+    ``max_num_seqs`` places (the rest are aborted, and run again once the young lines are done):
+    their own project's batches, and another project's only while the young lines' project is
+    below an equal share of the places, and never below that equal share.
     On a CPU an engine step costs about in proportion to the sequences in it: a new batch's lines
     beside 54 others take 2.5 times as long as alone, beside 16 about 1.5 times. 1: no limit (a
     GPU's step time grows far less with the sequences in it; measure before you choose)."""
