@@ -33,12 +33,12 @@ The places are the engine's running sequences plus the lines let wait inside it
 worker only starts once tokenized and added. A line waiting inside the engine would take the
 first place that frees, whatever arrives after it: a place freed for a young line would often go
 to a line that was already waiting (the abort reaches the engine before the young line is
-tokenized and added). So the lines that make way are the newest on the engine, which are mostly the
-ones waiting inside it (vLLM runs a batch's lines about in the order they came: a line's
-priority is the batch's lines on the engine when it went on): beside a young line the others
-keep only ``beside_young`` lines, their oldest, so nothing of theirs waits inside the engine
-ahead of the young line as long as ``beside_young`` plus the young lines fit in the running
-sequences (the defaults: 16 + 16 of 64).
+tokenized and added). So the lines that make way are the newest on the engine, which are mostly
+the ones waiting inside it (vLLM runs a batch's lines about in the order they came: a line's
+priority, its ``turn``, grows with the batch's lines on the engine when it went on): beside a
+young line the others keep only ``beside_young`` lines, their oldest, so nothing of theirs waits
+inside the engine ahead of the young line as long as ``beside_young`` plus the young lines fit in
+the running sequences (the defaults: 16 + 16 of 64).
 """
 
 from __future__ import annotations
@@ -105,6 +105,18 @@ class EnginePlaces:
     def project_running(self, project: Project) -> int:
         """The project's lines on the engine."""
         return sum(len(held.runs) for held in self._groups.values() if held.project == project)
+
+    def turn(self, group: str) -> int:
+        """The turn of the group's newest line on the engine, for the engine's own queue (lower
+        goes first): its batch's other lines on the engine times its project's batches there,
+        about the line's place in a round of its project's batches. So a project's lines wait
+        inside the engine in about the same order whether it runs one batch or many, and a new
+        batch's lines go ahead of a big batch's."""
+        held = self._groups.get(group)
+        if held is None:
+            return 0
+        batches = sum(1 for other in self._groups.values() if other.project == held.project)
+        return (len(held.runs) - 1) * batches
 
     def run_ids(self, group: str) -> list[str]:
         held = self._groups.get(group)

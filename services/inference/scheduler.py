@@ -82,9 +82,10 @@ class EngineScheduler:
     ) -> tuple[str, T]:
         """``attempt(run_id, priority)`` in a place on the engine, and the run id that gave its
         result. ``project`` is the batch's (a batch line that names none shares one project with
-        the others that name none; a direct request's is ignored). The priority is vLLM's: the
-        batch's other lines on the engine (its queue order for the young lines let in over the
-        limit, and for ``engine_queue_lines``). A run aborted to make room for a young line runs
+        the others that name none; a direct request's is ignored). The priority is vLLM's, the
+        line's ``turn`` (``places.py``): its batch's other lines on the engine times its
+        project's batches there (its queue order for the young lines let in over the limit, and
+        for ``engine_queue_lines``). A run aborted to make room for a young line runs
         again under a new id unless ``cancelled()``; any other ``RequestAborted`` passes through."""
         group = batch_id or ""
         first = True
@@ -97,7 +98,7 @@ class EngineScheduler:
             try:
                 if young:
                     await self._make_room()
-                return run_id, await attempt(run_id, self.places.running(group) - 1)
+                return run_id, await attempt(run_id, self.places.turn(group))
             except RequestAborted:
                 if not self.places.preempted(run_id) or cancelled():
                     raise

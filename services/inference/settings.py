@@ -122,8 +122,9 @@ class InferenceSettings(BaseSettings):
     waiting line costs only its message's memory (a few kB)."""
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     """vLLM's queue order for the lines waiting inside it (a young batch's lines let in over
-    its places, and ``engine_queue_lines``). ``priority``: the worker's order (a line of the batch
-    with the fewest lines in the worker first); ``fcfs``: arrival order."""
+    its places, and ``engine_queue_lines``). ``priority``: the worker's order (first a line with
+    the fewest of its batch's lines on the engine before it, times its project's batches there:
+    about its place in a round of its project's batches); ``fcfs``: arrival order."""
     engine_queue_lines: int = Field(default=-1, ge=-1)
     """Lines let onto the engine beyond the ``max_num_seqs`` it runs: they wait inside vLLM,
     tokenized, and start the moment a sequence ends. -1: as many as ``max_num_seqs``, so when a

@@ -307,3 +307,17 @@ async def test_one_named_project_alone_shares_its_places_by_batch_as_before() ->
     for task in again:
         task.cancel()
     await asyncio.gather(*again, return_exceptions=True)
+
+
+async def test_a_lines_turn_in_the_engines_queue_is_its_place_in_its_projects_round_of_batches() -> None:
+    """vLLM starts the lines waiting inside it lowest priority first: a project's fifth line on
+    the engine waits about as long whether its project runs one batch or four, so many small
+    batches do not start ahead of another project's one big batch."""
+    places = EnginePlaces(16)
+    for n in range(4):
+        await take_for(places, "many", f"m{n}")
+    await take_for(places, "many", "m0")  # the 2nd line of one of four batches
+    for _ in range(5):
+        await take_for(places, "one", "single")  # the 5th line of its only batch
+    assert places.turn("m0") == places.turn("single") == 4
+    assert places.turn("m1") == 0  # a batch's first line goes first
