@@ -108,15 +108,16 @@ class EnginePlaces:
 
     def turn(self, group: str) -> int:
         """The turn of the group's newest line on the engine, for the engine's own queue (lower
-        goes first): its batch's other lines on the engine times its project's batches there,
-        about the line's place in a round of its project's batches. So a project's lines wait
-        inside the engine in about the same order whether it runs one batch or many, and a new
-        batch's lines go ahead of a big batch's."""
+        goes first): its batch's other lines on the engine, times its project's batches there
+        over the fewest batches any project has there. Every project gets as many turns, spread
+        over its batches: so a project's lines wait inside the engine in about the same order
+        whether it runs one batch or many, a new batch's lines go ahead of a big batch's, and
+        with one project a line's turn is its batch's other lines on the engine."""
         held = self._groups.get(group)
         if held is None:
             return 0
-        batches = sum(1 for other in self._groups.values() if other.project == held.project)
-        return (len(held.runs) - 1) * batches
+        batches = Counter(other.project for other in self._groups.values())
+        return (len(held.runs) - 1) * batches[held.project] // min(batches.values())
 
     def run_ids(self, group: str) -> list[str]:
         held = self._groups.get(group)

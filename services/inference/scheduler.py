@@ -83,7 +83,7 @@ class EngineScheduler:
         """``attempt(run_id, priority)`` in a place on the engine, and the run id that gave its
         result. ``project`` is the batch's (a batch line that names none shares one project with
         the others that name none; a direct request's is ignored). The priority is vLLM's, the
-        line's ``turn`` (``places.py``): its batch's other lines on the engine times its
+        line's ``turn`` (``places.py``): its batch's other lines on the engine, scaled by its
         project's batches there (its queue order for the young lines let in over the limit, and
         for ``engine_queue_lines``). A run aborted to make room for a young line runs
         again under a new id unless ``cancelled()``; any other ``RequestAborted`` passes through."""

@@ -123,8 +123,9 @@ class InferenceSettings(BaseSettings):
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     """vLLM's queue order for the lines waiting inside it (a young batch's lines let in over
     its places, and ``engine_queue_lines``). ``priority``: the worker's order (first a line with
-    the fewest of its batch's lines on the engine before it, times its project's batches there:
-    about its place in a round of its project's batches); ``fcfs``: arrival order."""
+    the fewest of its batch's lines on the engine before it, times its project's batches there
+    over the fewest batches any project has there: every project gets as many turns, spread over
+    its batches); ``fcfs``: arrival order."""
     engine_queue_lines: int = Field(default=-1, ge=-1)
     """Lines let onto the engine beyond the ``max_num_seqs`` it runs: they wait inside vLLM,
     tokenized, and start the moment a sequence ends. -1: as many as ``max_num_seqs``, so when a
