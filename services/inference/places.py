@@ -17,9 +17,10 @@ A young line is one of a batch's first ``young_lines`` lines here, taken while t
 fewer than that; a young group has a young line on the engine and has not grown (taken a line
 that was not young) since. A young line does not wait when a place is free, or when a line on a
 full engine may make way for it: it goes on at once, beyond the limit, and ``victims`` names the
-line that makes way. Its head start comes out of its own project's share: the line that makes
-way is one of another project's (above its share) only while the young line's project is below
-its share, else one of its own project's groups that are not young; with none, it waits. While
+line that makes way: the newest of the group that is not young with the most lines on the
+engine, of the project most above its share while the young line's project is below its share,
+else of its own project (its head start comes out of its own project's share); with none, it
+waits. While
 a young group runs, its own project's other groups keep at most ``beside_young`` lines on the
 engine, and while a young group's project is below its share, every project with no young group
 keeps at most ``beside_young`` or its share, whichever is more: the squeeze takes no project
@@ -196,7 +197,8 @@ class EnginePlaces:
                 break
             group = self._heaviest_other(project)
             if group is None:
-                break
+                over[project] = 0
+                continue
             run_id = next(r for r in reversed(self._groups[group].runs) if r not in self._preempted)
             self._preempted.add(run_id)
             names.append(run_id)
