@@ -5,8 +5,9 @@ the batch only when it carries this proof (docs/kafka-protocol.md#signed-batch-l
 dispatcher signs the message's value exactly as sent, and the topic it is sent to:
 
 - the value holds the line's place (``batch_id``, ``line``), the output line's ``id``
-  (``request_id``) and what runs (``body``, ``defaults``, ``expires_at``): none can be changed,
-  so a signed message cannot be turned into another line or another request;
+  (``request_id``), the batch's ``project`` (its share of a worker's engine) and what runs
+  (``body``, ``defaults``, ``expires_at``): none can be changed, so a signed message cannot be
+  turned into another line or another request, nor take another project's share;
 - the topic names the model, so a signed message cannot be moved to another model's workers.
 
 It travels in a header, not in the JSON, because it signs the value's bytes (a field inside the

@@ -211,6 +211,7 @@ class RequestHandler:
                 message.batch_id,
                 partial(self._answer, message),
                 cancelled=partial(self.control.cancelled, message.batch_id),
+                project=message.project,
             )
         except RequestAborted:  # cancel_batch aborted it: a cancelled batch's line
             metrics.LINES.by_status["batch_cancelled"] += 1

@@ -1,38 +1,52 @@
 """The engine's places: which lines run on the engine, which wait here, and which make way.
 
 At most ``places`` lines are on the engine at once (running, or waiting inside it); the rest wait
-here, in one first-in-first-out queue per group (a batch; direct requests are one group). A freed
-place goes to the group with the fewest lines on the engine at that moment (ties: the group whose
-first waiter came first), so no waiting group starves behind later arrivals: its count only falls
-while it waits (beside young lines, below, the other groups keep only their share).
+here, in one first-in-first-out queue per group (a batch; direct requests are one group). Each
+group belongs to a project (the batch's; direct requests are one project of their own), and the
+places are shared by project first: a freed place goes to the project with the fewest lines on the
+engine, then within it to its group with the fewest (ties: the one whose first waiter came first).
+So a project's number of batches does not buy it places, and no waiting group starves behind
+later arrivals: its counts only fall while it waits (beside young lines, below, the others keep
+only their share).
+
+A project's equal share is ``places`` over the projects with lines here (on the engine or
+waiting), rounded up: a project with fewer lines on the engine is below its share, one with more
+above it.
 
 A young line is one of a batch's first ``young_lines`` lines here, taken while the batch holds
 fewer than that; a young group has a young line on the engine and has not grown (taken a line
-that was not young) since. A young line does not wait (unless every line on the engine is a young
-group's): it goes on at once, beyond the limit if need be, and ``victims`` names the lines on the
-engine of the other groups that must make way. While a young
-group runs, the others keep at most ``beside_young`` lines on the engine: on a CPU each engine
-step costs about in proportion to the lines in it, so a new batch's lines beside 54 others take
-2.5 times as long as alone.
+that was not young) since. A young line does not wait when a place is free, or when a line on a
+full engine may make way for it: it goes on at once, beyond the limit, and ``victims`` names the
+line that makes way: the newest of the group that is not young with the most lines on the
+engine, of the project most above its share while the young line's project is below its share,
+else of its own project (its head start comes out of its own project's share); with none, it
+waits. While
+a young group runs, its own project's other groups keep at most ``beside_young`` lines on the
+engine, and while a young group's project is below its share, every project with no young group
+keeps at most ``beside_young`` or its share, whichever is more: the squeeze takes no project
+below its share, so a stream of one project's new batches cannot keep another project squeezed.
+On a CPU each engine step costs about in proportion to the lines in it, so a new batch's lines
+beside 54 others take 2.5 times as long as alone; with one project the squeeze is the whole
+``beside_young``.
 
 The places are the engine's running sequences plus the lines let wait inside it
 (``engine_queue_lines``): those start the moment a sequence ends, where a line handed over by the
 worker only starts once tokenized and added. A line waiting inside the engine would take the
 first place that frees, whatever arrives after it: a place freed for a young line would often go
 to a line that was already waiting (the abort reaches the engine before the young line is
-tokenized and added). So the lines that make way are the newest on the engine, which are mostly the
-ones waiting inside it (vLLM runs a batch's lines about in the order they came: a line's
-priority is the batch's lines on the engine when it went on): beside a young line the others
-keep only ``beside_young`` lines, their oldest, so nothing of theirs waits inside the engine
-ahead of the young line as long as ``beside_young`` plus the young lines fit in the running
-sequences (the defaults: 16 + 16 of 64).
+tokenized and added). So the lines that make way are the newest on the engine, which are mostly
+the ones waiting inside it (vLLM runs a batch's lines about in the order they came: a line's
+priority, its ``turn``, grows with the batch's lines on the engine when it went on): beside a
+young line the others keep only ``beside_young`` lines, their oldest, so nothing of theirs waits
+inside the engine ahead of the young line as long as ``beside_young`` plus the young lines fit in
+the running sequences (the defaults: 16 + 16 of 64).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from services.inference.engine import RequestAborted
@@ -41,12 +55,17 @@ from services.inference.engine import RequestAborted
 YOUNG_BATCHES_REMEMBERED = 10_000
 _GROWN = -1  # a group that is young no more
 
+Project = str | None
+"""A group's project: the batch's project, or None for the direct requests (a project of their
+own, whatever a project name may be)."""
+
 
 @dataclass
 class _Waiter:
     arrival: int
     run_id: str
     young: bool
+    project: Project
     granted: asyncio.Future[None] = field(repr=False)
 
 
@@ -54,13 +73,14 @@ class _Waiter:
 class _Group:
     """A group's lines on the engine (run id -> young, in order of taking the place)."""
 
+    project: Project
     runs: dict[str, bool] = field(default_factory=dict)
     young: int = 0
 
 
 class EnginePlaces:
-    """A per-group priority semaphore over the engine's places, keyed by run id; 0 places: no
-    limit (and no victims)."""
+    """A per-project, then per-group, priority semaphore over the engine's places, keyed by run
+    id; 0 places: no limit (and no victims)."""
 
     def __init__(self, places: int, young_lines: int = 0, beside_young: int | None = None) -> None:
         self.places = places
@@ -71,6 +91,7 @@ class EnginePlaces:
         self._groups: dict[str, _Group] = {}
         self._queues: dict[str, deque[_Waiter]] = {}
         self._preempted: set[str] = set()
+        self._owed: list[str] = []  # lines named to make way at a young line's grant, not told yet
         self._arrivals = itertools.count()
         self._stopped = False  # a shutdown: no line takes a place any more
 
@@ -81,6 +102,23 @@ class EnginePlaces:
     def running(self, group: str) -> int:
         held = self._groups.get(group)
         return len(held.runs) if held else 0
+
+    def project_running(self, project: Project) -> int:
+        """The project's lines on the engine."""
+        return sum(len(held.runs) for held in self._groups.values() if held.project == project)
+
+    def turn(self, group: str) -> int:
+        """The turn of the group's newest line on the engine, for the engine's own queue (lower
+        goes first): its batch's other lines on the engine, times its project's batches there
+        over the fewest batches any project has there. Every project gets as many turns, spread
+        over its batches: so a project's lines wait inside the engine in about the same order
+        whether it runs one batch or many, a new batch's lines go ahead of a big batch's, and
+        with one project a line's turn is its batch's other lines on the engine."""
+        held = self._groups.get(group)
+        if held is None:
+            return 0
+        batches = Counter(other.project for other in self._groups.values())
+        return (len(held.runs) - 1) * batches[held.project] // min(batches.values())
 
     def run_ids(self, group: str) -> list[str]:
         held = self._groups.get(group)
@@ -97,22 +135,29 @@ class EnginePlaces:
         """Named by ``victims`` and still on the engine (its run should stop)."""
         return run_id in self._preempted
 
-    async def take(self, group: str, run_id: str, direct: bool = False) -> bool:
+    async def take(self, group: str, run_id: str, direct: bool = False, project: str = "") -> bool:
         """Take a place for the run: at once when one is free and nobody waits for it, or for a
-        young line when another group has a line to give up (see ``victims``); else wait.
-        Whether the line is young (a direct request never is). Raises ``RequestAborted`` when
-        ``drop`` drops the group's waiters (a cancelled batch), ``CancelledError`` after
+        young line when a line may make way for it (see ``victims``); else wait. ``project`` is
+        the group's (a direct request's is ignored: the direct requests are a project of their
+        own). Whether the line is young (a direct request never is). Raises ``RequestAborted``
+        when ``drop`` drops the group's waiters (a cancelled batch), ``CancelledError`` after
         ``stop_waiting`` (a shutdown)."""
         if self._stopped:
             raise asyncio.CancelledError
+        owner: Project = None if direct else project
         young = not direct and self._take_young(group)
-        if (young and (not self.full or self._heaviest_other() is not None)) or (
-            not self._queues and self._may_run(group)
-        ):
-            self._grant(group, run_id, young)
+        if young and self.full:
+            victim = self._giving_way(owner)
+            if victim is not None:
+                self._preempted.add(victim)
+                self._owed.append(victim)
+                self._grant(group, owner, run_id, young)
+                return young
+        elif (young and not self.full) or (not self._queues and self._may_run(group, owner)):
+            self._grant(group, owner, run_id, young)
             return young
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(next(self._arrivals), run_id, young, loop.create_future())
+        waiter = _Waiter(next(self._arrivals), run_id, young, owner, loop.create_future())
         self._queues.setdefault(group, deque()).append(waiter)
         self._admit()  # free places held back for others may be this group's
         try:
@@ -137,22 +182,27 @@ class EnginePlaces:
         self._admit()
 
     def victims(self) -> list[str]:
-        """The lines on the engine that must make way now: one at a time the newest (the least
-        work lost; mostly those waiting inside the engine rather than running) of the group with
-        the most lines on the engine not named yet; they count as
-        ``preempted`` until given back.
-
-        Groups with a young line on the engine give up none. The others together keep at most
-        what is left of the places beside those groups' lines, and at most ``beside_young``
-        while any young line runs."""
-        names: list[str] = []
-        for _ in range(self._excess()):
-            group = self._heaviest_other()
-            if group is None:
+        """The lines on the engine that must make way now; they count as ``preempted`` until
+        given back. First those named when a young line went on a full engine (see the module's
+        docstring), then the squeeze: one at a time the newest (the least work lost; mostly those
+        waiting inside the engine rather than running) of the group with the most lines on the
+        engine of the project most over what it may keep beside young lines. Groups with a young
+        line on the engine give up none."""
+        names = [r for r in self._owed if r in self._preempted]
+        self._owed.clear()
+        over = {p: self._others_live(p) - cap for p, cap in self._caps().items()}
+        while True:
+            project = max(over, key=over.__getitem__, default=None)
+            if project is None or over[project] <= 0:
                 break
+            group = self._heaviest_other(project)
+            if group is None:
+                over[project] = 0
+                continue
             run_id = next(r for r in reversed(self._groups[group].runs) if r not in self._preempted)
             self._preempted.add(run_id)
             names.append(run_id)
+            over[project] -= 1
         return names
 
     def spare(self, run_ids: list[str]) -> None:
@@ -189,61 +239,145 @@ class EnginePlaces:
     def _live(self, group: str) -> int:
         return sum(1 for r in self._groups[group].runs if r not in self._preempted)
 
-    def _others(self) -> list[str]:
-        """Groups on the engine that are not young."""
-        return [g for g in self._groups if not self._young(g)]
+    def _project_of(self, group: str) -> Project:
+        held = self._groups.get(group)
+        return held.project if held is not None else self._queues[group][0].project
 
-    def _heaviest_other(self) -> str | None:
-        counts = {g: self._live(g) for g in self._others()}
+    def _projects_here(self) -> set[Project]:
+        """The projects with lines here: on the engine or waiting for a place."""
+        here = {held.project for held in self._groups.values()}
+        here.update(queue[0].project for queue in self._queues.values())
+        return here
+
+    def _share(self, here: set[Project]) -> int:
+        """An equal share of the places between the projects ``here``, rounded up."""
+        return -(-self.places // max(1, len(here)))
+
+    def _project_live(self) -> Counter[Project]:
+        """Each project's lines on the engine that are not named to make way."""
+        live: Counter[Project] = Counter()
+        for group, held in self._groups.items():
+            live[held.project] += self._live(group)
+        return live
+
+    def _others_live(self, project: Project) -> int:
+        """The project's lines on the engine, not named to make way, of groups that are not young."""
+        return sum(
+            self._live(g)
+            for g, held in self._groups.items()
+            if held.project == project and not self._young(g)
+        )
+
+    def _heaviest_other(self, project: Project) -> str | None:
+        """The project's group that is not young with the most lines on the engine not named to
+        make way (None: it has none)."""
+        counts = {
+            g: self._live(g)
+            for g, held in self._groups.items()
+            if held.project == project and not self._young(g)
+        }
         group = max(counts, key=counts.__getitem__, default=None)
         return group if group is not None and counts[group] else None
 
-    def _others_allowed(self) -> int | None:
-        """How many lines the groups without a young line may keep on the engine (None: any)."""
-        if not self.places:
+    def _giving_way(self, project: Project) -> str | None:
+        """The line that makes way for a young line of ``project`` on a full engine: while the
+        project is below its share, the newest line of the heaviest group that is not young of
+        the project most above its share; else (or with none) of the project's own; None: no
+        line may (the young line waits)."""
+        live = self._project_live()
+        share = self._share(self._projects_here() | {project})  # the project is here now
+        heaviest = None
+        if live[project] < share:
+            above = [
+                p for p in live if p != project and live[p] > share and self._heaviest_other(p) is not None
+            ]
+            heaviest = max(above, key=live.__getitem__, default=None)
+        group = self._heaviest_other(project if heaviest is None else heaviest)
+        if group is None:
             return None
-        young_groups = sum(len(self._groups[g].runs) for g in self._groups if self._young(g))
-        allowed = self.places - young_groups
-        if young_groups and self.beside_young is not None:
-            allowed = min(allowed, self.beside_young)
-        return max(allowed, 0)
+        return next(r for r in reversed(self._groups[group].runs) if r not in self._preempted)
 
-    def _excess(self) -> int:
-        allowed = self._others_allowed()
-        if allowed is None:
-            return 0
-        return max(0, sum(self._live(g) for g in self._others()) - allowed)
+    def _caps(self) -> dict[Project, int]:
+        """How many lines of its groups that are not young each project may keep on the engine
+        now (a project not named: any). Only while a young group runs: its own project keeps
+        ``beside_young``, and while a young group's project is below its share, a project
+        without a young group keeps ``beside_young`` or its share, whichever is more."""
+        if self.beside_young is None:
+            return {}
+        young = {held.project for group, held in self._groups.items() if self._young(group)}
+        if not young:
+            return {}
+        caps = dict.fromkeys(young, self.beside_young)
+        here = self._projects_here()
+        share = self._share(here)
+        live = self._project_live()
+        if any(live[p] < share for p in young):
+            caps.update(dict.fromkeys(here - young, max(self.beside_young, share)))
+        return caps
 
-    def _may_run(self, group: str) -> bool:
+    def _room(self) -> dict[Project, int]:
+        """How many more lines of its groups that are not young each project may put on the
+        engine now (a project not named: any; see ``_caps``)."""
+        caps = self._caps()
+        if not caps:
+            return {}
+        running: Counter[Project] = Counter()
+        for group, held in self._groups.items():
+            if not self._young(group):
+                running[held.project] += len(held.runs)
+        return {project: cap - running[project] for project, cap in caps.items()}
+
+    def _may_run(self, group: str, project: Project, room: dict[Project, int] | None = None) -> bool:
         """A free place for one more line of the group (not held back beside a young line)."""
         if self.full:
             return False
         queue = self._queues.get(group)
         if self._young(group) or (queue and queue[0].young):
             return True
-        allowed = self._others_allowed()
-        return allowed is None or sum(len(self._groups[g].runs) for g in self._others()) < allowed
+        left = (self._room() if room is None else room).get(project)
+        return left is None or left > 0
 
-    def _grant(self, group: str, run_id: str, young: bool) -> None:
-        held = self._groups.setdefault(group, _Group())
+    def _grant(self, group: str, project: Project, run_id: str, young: bool) -> None:
+        held = self._groups.setdefault(group, _Group(project))
         held.runs[run_id] = young
         held.young += young
         self.used += 1
 
     def _admit(self) -> None:
         while self._queues:
-            ready = [g for g in self._queues if self._may_run(g)]
+            if self.full:
+                return
+            room = self._room()
+            ready = [g for g in self._queues if self._may_run(g, self._project_of(g), room)]
             if not ready:
                 return
-            group = min(ready, key=lambda g: (self.running(g), self._queues[g][0].arrival))
+            group = self._first_served(ready)
             queue = self._queues[group]
             waiter = queue.popleft()
             if not queue:
                 del self._queues[group]
             if waiter.granted.done():  # cancelled, its task not resumed yet to unqueue it
                 continue
-            self._grant(group, waiter.run_id, waiter.young)
+            self._grant(group, waiter.project, waiter.run_id, waiter.young)
             waiter.granted.set_result(None)
+
+    def _first_served(self, ready: list[str]) -> str:
+        """Of the waiting groups that may run, the one a freed place goes to: of the project with
+        the fewest lines on the engine (ties: its first waiter came first), the group with the
+        fewest (ties: its first waiter came first)."""
+        running: Counter[Project] = Counter()
+        for held in self._groups.values():
+            running[held.project] += len(held.runs)
+        first: dict[Project, int] = {}
+        for group in ready:
+            project, arrival = self._project_of(group), self._queues[group][0].arrival
+            first[project] = min(first.get(project, arrival), arrival)
+
+        def order(group: str) -> tuple[int, int, int, int]:
+            project = self._project_of(group)
+            return (running[project], first[project], self.running(group), self._queues[group][0].arrival)
+
+        return min(ready, key=order)
 
     def _unqueue(self, group: str, waiter: _Waiter) -> None:
         queue = self._queues.get(group)

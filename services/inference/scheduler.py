@@ -2,14 +2,17 @@
 aborts that carry out their decisions.
 
 At most the engine's ``max_running`` lines run on it and ``engine_queue_lines`` more wait inside
-it; the others wait here for a place: a freed place goes to the batch with the fewest lines on the
-engine (direct requests count as one batch). A young batch's line (one of its first
-``young_batch_lines`` in the worker) goes on at once: the newest lines on the engine of the batch
-with the most there are aborted to make room (mostly those waiting inside it), and while young
-lines run the batches without one keep at most ``young_batch_others_share`` of the places, so a
-new batch starts at once and runs nearly as fast as alone. An aborted line waits for a place
-again; a running line's work so far is lost. Direct requests are never young (they may be
-aborted).
+it; the others wait here for a place: a freed place goes to the project with the fewest lines on
+the engine, and within it to the batch with the fewest (direct requests count as one batch of a
+project of their own). A young batch's line (one of its first ``young_batch_lines`` in the
+worker) goes on at once: the newest line on the engine of the batch with the most there is
+aborted to make room (mostly those waiting inside it), of another project only while the young
+line's project is below its equal share of the places, else of its own; and while young lines
+run the batches without one keep at most ``young_batch_others_share`` of the places (another
+project never less than its equal share), so a new batch starts at once and runs nearly as fast
+as alone, and no project's new batches keep another project squeezed. An aborted line waits for
+a place again; a running line's work so far is lost. Direct requests are never young (they may
+be aborted).
 """
 
 from __future__ import annotations
@@ -75,24 +78,27 @@ class EngineScheduler:
         batch_id: str | None,
         attempt: Callable[[str, int], Awaitable[T]],
         cancelled: Callable[[], bool],
+        project: str | None = None,
     ) -> tuple[str, T]:
         """``attempt(run_id, priority)`` in a place on the engine, and the run id that gave its
-        result. The priority is vLLM's: the batch's other lines on the engine (its queue order for
-        the young lines let in over the limit, and for ``engine_queue_lines``). A run aborted to
-        make room for a young line runs again under a new id unless ``cancelled()``; any other
-        ``RequestAborted`` passes through."""
+        result. ``project`` is the batch's (a batch line that names none shares one project with
+        the others that name none; a direct request's is ignored). The priority is vLLM's, the
+        line's ``turn`` (``places.py``): its batch's other lines on the engine, scaled by its
+        project's batches there (its queue order for the young lines let in over the limit, and
+        for ``engine_queue_lines``). A run aborted to make room for a young line runs
+        again under a new id unless ``cancelled()``; any other ``RequestAborted`` passes through."""
         group = batch_id or ""
         first = True
         while True:
             run_id = new_id("req_")
-            young = await self.places.take(group, run_id, direct=not batch_id)
+            young = await self.places.take(group, run_id, direct=not batch_id, project=project or "")
             if first:
                 metrics.LINES.started += 1  # handed to the engine (a run again is not counted)
                 first = False
             try:
                 if young:
                     await self._make_room()
-                return run_id, await attempt(run_id, self.places.running(group) - 1)
+                return run_id, await attempt(run_id, self.places.turn(group))
             except RequestAborted:
                 if not self.places.preempted(run_id) or cancelled():
                     raise

@@ -122,8 +122,10 @@ class InferenceSettings(BaseSettings):
     waiting line costs only its message's memory (a few kB)."""
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     """vLLM's queue order for the lines waiting inside it (a young batch's lines let in over
-    its places, and ``engine_queue_lines``). ``priority``: the worker's order (a line of the batch
-    with the fewest lines in the worker first); ``fcfs``: arrival order."""
+    its places, and ``engine_queue_lines``). ``priority``: the worker's order (first a line with
+    the fewest of its batch's lines on the engine before it, times its project's batches there
+    over the fewest batches any project has there: every project gets as many turns, spread over
+    its batches); ``fcfs``: arrival order."""
     engine_queue_lines: int = Field(default=-1, ge=-1)
     """Lines let onto the engine beyond the ``max_num_seqs`` it runs: they wait inside vLLM,
     tokenized, and start the moment a sequence ends. -1: as many as ``max_num_seqs``, so when a
@@ -137,12 +139,15 @@ class InferenceSettings(BaseSettings):
     """A batch's first lines in the worker, while it has fewer than this there, are young: each
     goes onto the engine at once, and the newest lines on the engine of the batch with the most
     there are aborted to make room, mostly those waiting inside it (they wait for a place again; a
-    running line's work so far is lost).
+    running line's work so far is lost): another project's only while the batch's project holds
+    fewer than an equal share of the places, else its own project's.
     So a new batch starts at once rather than after running sequences end. 0: no line is young.
     Direct requests are never young."""
     young_batch_others_share: float = Field(default=0.25, ge=0, le=1)
     """While young lines run, the batches without one keep at most this share of the engine's
-    ``max_num_seqs`` places (the rest are aborted, and run again once the young lines are done).
+    ``max_num_seqs`` places (the rest are aborted, and run again once the young lines are done):
+    their own project's batches, and another project's only while the young lines' project is
+    below an equal share of the places, and never below that equal share.
     On a CPU an engine step costs about in proportion to the sequences in it: a new batch's lines
     beside 54 others take 2.5 times as long as alone, beside 16 about 1.5 times. 1: no limit (a
     GPU's step time grows far less with the sequences in it; measure before you choose)."""

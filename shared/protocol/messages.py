@@ -83,6 +83,11 @@ class RequestMessage(BaseModel):
         default=None, description="Set by the api only (its messages are signed); leave null."
     )
     line: int | None = Field(default=None, description="1-based line in the input file.")
+    project: str | None = Field(
+        default=None,
+        description="Set by the api only, on batch lines: the batch's project (the worker shares "
+        "its engine between projects); ignored on a direct request.",
+    )
     reply_topic: str | None = Field(
         default=None,
         description="Where the result goes; required unless the api sent the message (its batch "
@@ -124,6 +129,7 @@ class WireRequest(msgspec.Struct):
     method: Literal["POST"] = "POST"
     batch_id: str | None = None
     line: int | None = None
+    project: str | None = None
     reply_topic: str | None = None
     defaults: WireDefaults | None = None
     expires_at: float | None = None
@@ -164,6 +170,8 @@ class RequestLike(Protocol):
     @property
     def line(self) -> int | None: ...
     @property
+    def project(self) -> str | None: ...
+    @property
     def reply_topic(self) -> str | None: ...
     @property
     def defaults(self) -> DefaultsLike | None: ...
@@ -196,6 +204,7 @@ def request_message_json(
     body: bytes,
     batch_id: str,
     line: int,
+    project: str,
     defaults: dict[str, Any] | None,
     expires_at: float | None,
 ) -> bytes:
@@ -211,6 +220,7 @@ def request_message_json(
             "url": url,
             "batch_id": batch_id,
             "line": line,
+            "project": project,
             "reply_topic": None,
             "defaults": defaults,
             "expires_at": expires_at,

@@ -201,6 +201,7 @@ class LineSender:
             body=bytes(item.body),
             batch_id=batch.batch_id,
             line=line.number,
+            project=batch.project,
             defaults=batch.defaults_json,
             expires_at=batch.expires_at,
         )

@@ -237,3 +237,39 @@ async def test_a_media_url_that_may_not_be_fetched_is_answered_400_without_runni
     assert error["param"] == "body.messages[0].content[0].image_url.url"
     allowed = RequestHandler(engine, retry=NO_WAIT, media_domains=frozenset({"169.254.169.254"}))
     assert (await allowed.handle(message(body=body))).response.status_code == 200  # type: ignore[union-attr]
+
+
+class GatedFakeEngine(FakeEngine):
+    """The fake engine, each run held until ``release`` is set; ``all_in`` is set once
+    ``expected`` runs are held."""
+
+    def __init__(self, expected: int) -> None:
+        super().__init__(model_id="served-model")
+        self.expected = expected
+        self.all_in = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def run(self, url, body, request_id, *, max_context_length=None, priority=0):  # type: ignore[no-untyped-def]
+        self.expected -= 1
+        if self.expected == 0:
+            self.all_in.set()
+        await self.release.wait()
+        return await super().run(url, body, request_id, max_context_length=max_context_length)
+
+
+async def test_a_batch_line_takes_its_place_for_its_project_and_a_direct_request_for_none() -> None:
+    engine = GatedFakeEngine(expected=3)
+    handler = RequestHandler(engine, retry=NO_WAIT)
+    places = handler.scheduler.places
+    lines = [
+        message(batch_id="batch_a", line=1, project="proj-a"),
+        message(batch_id="batch_b", line=1, project="proj-a"),
+        message(reply_topic="replies", project="proj-a"),  # a direct request's project is ignored
+    ]
+    tasks = [asyncio.create_task(handler.handle(line)) for line in lines]
+    await asyncio.wait_for(engine.all_in.wait(), 1)  # each line on the (held) engine
+    assert places.project_running("proj-a") == 2 and places.project_running(None) == 1
+    engine.release.set()
+    results = await asyncio.gather(*tasks)
+    assert all(result.response is not None and result.response.status_code == 200 for result in results)
+    assert places.used == 0

@@ -105,3 +105,15 @@ def test_a_dead_letter_holds_the_message_cut_short() -> None:
     assert (
         letter.request_id == "r" * 200 and letter.reply_topic is not None and len(letter.reply_topic) == 200
     )
+
+
+def test_a_batch_lines_project_is_signed_with_it() -> None:
+    """The dispatcher's message names the batch's project, which the signature covers: a
+    message whose project was changed is not run for its batch."""
+    value = message(batch_id="batch_a", line=3, project="proj-a")
+    verdict = INTAKE.judge(record(value, signed=True))
+    assert isinstance(verdict, Run) and verdict.message.project == "proj-a"
+    headers = tuple(API.headers(TOPIC, value))
+    forged = value.replace(b'"proj-a"', b'"proj-b"')
+    verdict = INTAKE.judge(ConsumerRecord(TOPIC, 0, 7, 0, 0, None, forged, None, 0, len(forged), headers))
+    assert isinstance(verdict, Refusal) and verdict.reason == "batch_not_verified"

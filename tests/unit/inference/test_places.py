@@ -171,3 +171,153 @@ async def test_a_shutdown_stops_the_waiters_and_leaves_the_running_lines() -> No
     with pytest.raises(asyncio.CancelledError):  # a line read (or a victim back) after the stop
         await places.take("c", "late")
     assert places.used == 1
+
+
+# ------------------------------------------------------------------ places shared by project
+
+
+async def take_for(places: EnginePlaces, project: str, group: str) -> str:
+    """A place for a new run of the project's group, given at once."""
+    run_id = next(_ids)
+    await asyncio.wait_for(places.take(group, run_id, project=project), 1)
+    return run_id
+
+
+def waiting_for(places: EnginePlaces, project: str, group: str) -> asyncio.Task[str]:
+    """A run of the project's group waiting for a place (its id once it has one)."""
+
+    async def wait() -> str:
+        run_id = next(_ids)
+        await places.take(group, run_id, project=project)
+        return run_id
+
+    return asyncio.create_task(wait())
+
+
+async def test_a_project_with_many_batches_gets_no_more_places_than_one_with_a_single_batch() -> None:
+    """8 places: project "many" fills them with lines of four batches and has more of each waiting,
+    project "one" waits with one batch. Each place "many" frees goes to "one" until both hold 4,
+    and from then on a place freed by one project goes back to it."""
+    places = EnginePlaces(8)
+    many = [await take_for(places, "many", f"m{i % 4}") for i in range(8)]
+    waiting = [waiting_for(places, "many", f"m{i % 4}") for i in range(8)]
+    waiting += [waiting_for(places, "one", "single") for _ in range(8)]
+    await asyncio.sleep(0)
+    for n, run_id in enumerate(many[:4]):
+        places.give_back(f"m{n % 4}", run_id)
+        await asyncio.sleep(0)
+    assert (places.project_running("many"), places.project_running("one")) == (4, 4)
+    places.give_back("m0", many[4])  # "many" holds 3, "one" 4: the place is "many"'s again
+    await asyncio.sleep(0)
+    assert (places.project_running("many"), places.project_running("one")) == (4, 4)
+    assert places.running("single") == 4  # per batch it would have had 8 / 5 of the places
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_stream_of_young_batches_keeps_another_project_at_its_share() -> None:
+    """8 places, 2 projects: a share of 4 each. "big" fills the engine; "stream" sends one new
+    (young) batch after another. Its first lines make "big" give up all but its share, beside
+    young lines "big" keeps its share (not ``beside_young``), and once "stream" holds its share
+    its new batches wait for places instead of making "big"'s lines make way."""
+    places = EnginePlaces(8, young_lines=2, beside_young=1)
+    big = [await take_for(places, "big", "b") for _ in range(8)]
+    more_big = [waiting_for(places, "big", "b") for _ in range(4)]
+    await take_for(places, "stream", "s0")  # young, below its share: "big" makes way
+    victims = places.victims()
+    assert victims == [big[7], big[6], big[5], big[4]]  # down to its share, not to 1
+    for run_id in victims:
+        places.give_back("b", run_id)
+    for n in range(1, 4):  # more new batches fill the places "big" gave up
+        await take_for(places, "stream", f"s{n}")
+    assert places.victims() == []
+    assert (places.project_running("big"), places.project_running("stream")) == (4, 4)
+    late = waiting_for(places, "stream", "s4")  # at its share: this young batch waits
+    await asyncio.sleep(0)
+    assert places.used == 8 and places.victims() == [] and not late.done()
+    places.give_back("b", big[0])  # "big" holds 3, below "stream": the place is "big"'s
+    await asyncio.sleep(0)
+    assert places.project_running("big") == 4 and not late.done()
+    for task in [*more_big, late]:
+        task.cancel()
+    await asyncio.gather(*more_big, late, return_exceptions=True)
+
+
+async def test_beside_young_lines_a_project_is_held_at_its_share_not_below_it() -> None:
+    """The squeeze holds back only a project above its share: a line "big" finishes beside the
+    other project's young line frees a place that goes back to "big", up to its share; the
+    places beyond it stay free for the young batch."""
+    places = EnginePlaces(8, young_lines=2, beside_young=1)
+    big = [await take_for(places, "big", "b") for _ in range(8)]
+    await take_for(places, "new", "n")
+    for run_id in places.victims():
+        places.give_back("b", run_id)
+    again = [waiting_for(places, "big", "b") for _ in range(6)]
+    await asyncio.sleep(0)
+    assert places.project_running("big") == 4 and places.waiting() == 6
+    places.give_back("b", big[0])  # "big" holds 3: below its share, so not held back
+    await asyncio.sleep(0)
+    assert places.project_running("big") == 4 and places.used == 5 and places.waiting() == 5
+    for task in again:
+        task.cancel()
+    await asyncio.gather(*again, return_exceptions=True)
+
+
+async def test_a_young_batch_of_a_project_at_its_share_makes_way_among_its_own_lines() -> None:
+    """ "a" holds its share with a big batch and starts a new one: the new batch's line goes on at
+    once, and the line that makes way is its own big batch's, not "b"'s."""
+    places = EnginePlaces(4, young_lines=1, beside_young=1)
+    a = [await take_for(places, "a", "a-big") for _ in range(2)]
+    b = [await take_for(places, "b", "b-big") for _ in range(2)]
+    await take_for(places, "a", "a-new")
+    assert places.victims() == [a[1]]  # and the squeeze: "a"'s big batch keeps 1 beside it
+    assert not any(places.preempted(run_id) for run_id in b)
+
+
+async def test_a_young_batch_of_a_project_below_its_share_makes_the_project_above_it_make_way() -> None:
+    places = EnginePlaces(4, young_lines=2)  # no squeeze: only the limit
+    a = [await take_for(places, "a", "a-big") for _ in range(3)]
+    await take_for(places, "b", "b-old")
+    await take_for(places, "b", "b-new")  # "b" holds 1 of a share of 2; "a" holds 3
+    assert places.victims() == [a[2]]
+
+
+async def test_direct_requests_are_a_project_of_their_own_whatever_they_name() -> None:
+    places = EnginePlaces(4)
+    for _ in range(2):
+        await places.take("", next(_ids), direct=True, project="a")
+    await take_for(places, "a", "batch")
+    assert places.project_running("a") == 1 and places.project_running(None) == 2
+
+
+async def test_one_named_project_alone_shares_its_places_by_batch_as_before() -> None:
+    """The scenario of ``test_beside_young_lines_the_others_keep_their_share...`` with the
+    project named: the same victims, the same places held back."""
+    places = EnginePlaces(4, young_lines=2, beside_young=1)
+    big = [await take_for(places, "p", "big") for _ in range(4)]
+    await take_for(places, "p", "new")
+    victims = places.victims()
+    assert victims == [big[3], big[2], big[1]]
+    for run_id in victims:
+        places.give_back("big", run_id)
+    again = [waiting_for(places, "p", "big") for _ in victims]
+    await asyncio.sleep(0)
+    assert places.used == 2 and places.waiting() == 3
+    for task in again:
+        task.cancel()
+    await asyncio.gather(*again, return_exceptions=True)
+
+
+async def test_a_lines_turn_in_the_engines_queue_is_its_place_in_its_projects_round_of_batches() -> None:
+    """vLLM starts the lines waiting inside it lowest priority first: a project's fifth line on
+    the engine waits about as long whether its project runs one batch or four, so many small
+    batches do not start ahead of another project's one big batch."""
+    places = EnginePlaces(16)
+    for n in range(4):
+        await take_for(places, "many", f"m{n}")
+    await take_for(places, "many", "m0")  # the 2nd line of one of four batches
+    for _ in range(5):
+        await take_for(places, "one", "single")  # the 5th line of its only batch
+    assert places.turn("m0") == places.turn("single") == 4
+    assert places.turn("m1") == 0  # a batch's first line goes first

@@ -34,7 +34,13 @@ def test_a_spliced_request_message_equals_the_models(
     raw: bytes, defaults: SamplingDefaults, expires_at: float | None
 ) -> None:
     item, envelope = BatchRequestInput.parse(raw), parse_raw_line(raw)
-    fields = {"request_id": "batch_req_1", "batch_id": "batch_1", "line": 7, "expires_at": expires_at}
+    fields = {
+        "request_id": "batch_req_1",
+        "batch_id": "batch_1",
+        "line": 7,
+        "project": "proj-a",
+        "expires_at": expires_at,
+    }
     spliced = request_message_json(
         custom_id=envelope.custom_id,
         url=envelope.url,
@@ -49,7 +55,18 @@ def test_a_spliced_request_message_equals_the_models(
     assert RequestMessage.model_validate_json(spliced) == model
     plain = read_plain_request(spliced)  # the worker's hot path reads the same
     assert plain is not None
-    for name in ("request_id", "custom_id", "url", "body", "batch_id", "line", "reply_topic", "expires_at"):
+    names = (
+        "request_id",
+        "custom_id",
+        "url",
+        "body",
+        "batch_id",
+        "line",
+        "project",
+        "reply_topic",
+        "expires_at",
+    )
+    for name in names:
         assert getattr(plain, name) == getattr(model, name), name
     assert plain.defaults is not None
     assert msgspec.structs.asdict(plain.defaults) == model.defaults.model_dump()  # type: ignore[union-attr]
@@ -67,6 +84,7 @@ def test_the_body_reaches_the_message_exactly_as_written() -> None:
         body=bytes(envelope.body),
         batch_id="b",
         line=1,
+        project="p",
         defaults=None,
         expires_at=None,
     )
