@@ -84,6 +84,20 @@ def never_ran(message: RequestLike, error: LineError) -> ResultMessage:
     )
 
 
+def answered(message: RequestLike, answer: Answer, run_id: str) -> ResultMessage:
+    """The result of a line the engine answered, or that was refused before it ran (as the
+    engine would refuse it: a status and an error body)."""
+    return ResultMessage(
+        request_id=message.request_id,
+        custom_id=message.custom_id,
+        batch_id=message.batch_id,
+        line=message.line,
+        usage=answer.usage,
+        response=ResponsePayload(status_code=answer.status, request_id=run_id, body=answer.body),
+        error=None,
+    )
+
+
 @dataclass(frozen=True)
 class EngineRetry:
     """How often a line is tried when the engine fails for a reason that may pass (a 5xx answer:
@@ -196,16 +210,7 @@ class RequestHandler:
             param, text = refusal
             answer = error_answer(text, param=param)
             self._count(answer)
-            return ResultMessage(
-                request_id=message.request_id,
-                custom_id=message.custom_id,
-                batch_id=message.batch_id,
-                line=message.line,
-                response=ResponsePayload(
-                    status_code=answer.status, request_id=message.request_id, body=answer.body
-                ),
-                error=None,
-            )
+            return answered(message, answer, message.request_id)
         try:
             run_id, answer = await self.scheduler.run(
                 message.batch_id,
@@ -217,15 +222,7 @@ class RequestHandler:
             metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, LineError.not_run("batch_cancelled"))
         self._count(answer)
-        return ResultMessage(
-            request_id=message.request_id,
-            custom_id=message.custom_id,
-            batch_id=message.batch_id,
-            line=message.line,
-            usage=answer.usage,
-            response=ResponsePayload(status_code=answer.status, request_id=run_id, body=answer.body),
-            error=None,
-        )
+        return answered(message, answer, run_id)
 
     async def _answer(self, message: RequestLike, run_id: str, priority: int) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
