@@ -25,19 +25,26 @@ SIGNATURE_HEADER = "batchstream-signature"
 """Kafka header of a signed request message: ``v1=`` and the hex HMAC-SHA256."""
 _PREFIX = b"v1="
 _CONTEXT = b"batchstream-request-message\n"
+TOPICS_KEPT = 1024
+"""Topics whose started MAC is kept (a worker reads one model's topic; the api writes each model's)."""
 
 
 class RequestSigner:
     """Signs and checks request messages with one key (``KafkaSettings.signing_key``)."""
 
     def __init__(self, key: str) -> None:
-        self._mac = hmac.new(key.encode(), _CONTEXT, hashlib.sha256)  # copied per message
+        self._mac = hmac.new(key.encode(), _CONTEXT, hashlib.sha256)
+        self._topics: dict[str, hmac.HMAC] = {}  # the MAC over the context and a topic: copied per message
 
     def signature(self, topic: str, value: bytes) -> bytes:
         """``v1=<hex HMAC-SHA256 of the topic and the value>``."""
-        mac = self._mac.copy()
-        mac.update(topic.encode())
-        mac.update(b"\n")
+        mac = self._topics.get(topic)
+        if mac is None:
+            if len(self._topics) >= TOPICS_KEPT:
+                self._topics.clear()
+            mac = self._topics[topic] = self._mac.copy()
+            mac.update(topic.encode() + b"\n")
+        mac = mac.copy()
         mac.update(value)
         return _PREFIX + mac.hexdigest().encode()
 

@@ -89,6 +89,7 @@ class EnginePlaces:
         self._young_taken: dict[str, int] = {}  # group -> its lines taken as young, or _GROWN
         self.used = 0
         self._groups: dict[str, _Group] = {}
+        self._batches: Counter[Project] = Counter()  # project -> its groups in ``_groups``
         self._queues: dict[str, deque[_Waiter]] = {}
         self._preempted: set[str] = set()
         self._owed: list[str] = []  # lines named to make way at a young line's grant, not told yet
@@ -117,7 +118,9 @@ class EnginePlaces:
         held = self._groups.get(group)
         if held is None:
             return 0
-        batches = Counter(other.project for other in self._groups.values())
+        batches = self._batches
+        if len(batches) == 1:
+            return len(held.runs) - 1
         return (len(held.runs) - 1) * batches[held.project] // min(batches.values())
 
     def run_ids(self, group: str) -> list[str]:
@@ -177,6 +180,9 @@ class EnginePlaces:
             held.young -= 1
         if not held.runs:
             del self._groups[group]
+            self._batches[held.project] -= 1
+            if not self._batches[held.project]:
+                del self._batches[held.project]
         self._preempted.discard(run_id)
         self.used -= 1
         self._admit()
@@ -338,7 +344,10 @@ class EnginePlaces:
         return left is None or left > 0
 
     def _grant(self, group: str, project: Project, run_id: str, young: bool) -> None:
-        held = self._groups.setdefault(group, _Group(project))
+        held = self._groups.get(group)
+        if held is None:
+            held = self._groups[group] = _Group(project)
+            self._batches[project] += 1
         held.runs[run_id] = young
         held.young += young
         self.used += 1

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.media import first_refusal, media_urls, refused_url
+from shared.media import first_refusal, may_name_media, media_urls, refused_url
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
 
@@ -58,3 +58,18 @@ def test_the_first_refused_url_is_named_with_its_param() -> None:
     assert param == "body.messages[0].content[2].image_url.url"
     assert "only data: URLs" in message and "10.0.0.1" not in message  # the URL is not echoed
     assert first_refusal(chat({"type": "image_url", "image_url": {"url": PNG}}), frozenset()) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "may"),
+    [
+        (b'{"body": {"max_tokens": 5, "messages": [{"content": "hi"}]}}', False),
+        (b'{"body": {"messages": [{"image_url": "x"}]}}', True),
+        (b'{"body": {"messages": [{"image\\u005furl": "x"}]}}', True),  # spelt with an escape
+        (b"_" * 100 + b"_url", True),  # found past more first bytes than are hopped over
+        (b"_" * 100 + b" url", False),
+        (b"\\n" * 100 + b"\\u0041", True),
+    ],
+)
+def test_the_byte_pre_check_finds_every_line_that_may_name_a_media_url(raw: bytes, may: bool) -> None:
+    assert may_name_media(raw) is may
