@@ -151,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the fake engine at a fixed pace (default), or the tiny vLLM model (--model-dir)",
     )
     ten.add_argument("--tenants-line-seconds", type=float, default=0.2, help="paced: seconds a line takes")
-    ten.add_argument("--tenants-in-flight", type=int, default=64, help="paced: lines the worker runs at once")
+    ten.add_argument("--tenants-places", type=int, default=64, help="paced: lines the engine runs at once")
     ten.add_argument("--tenants-good-lines", type=int, default=1_000, help="the good project's batch")
     ten.add_argument("--tenants-alone-runs", type=int, default=2, help="runs of the good batch alone")
     ten.add_argument("--tenants-flood-batches", type=int, default=50, help="the flood's small batches")

@@ -21,16 +21,16 @@ One stack with two projects' keys (``good`` and ``flood``), then two measurement
    api's peak RSS (its process tree, sampled every 0.1 s) < 300 MiB. The same poll on the idle
    stack is printed beside it.
 
-The engine is the fake one, **paced**: each line takes ``--tenants-line-seconds`` and the worker
-holds ``--tenants-in-flight`` lines, so the model serves a fixed number of lines per second
-whatever else the cores do, as a GPU would. That capacity is what the two projects share, and
-the dispatcher's order alone decides who gets it. The instant engine has no capacity to share
-(its batches are bound by the plumbing's CPU, which fairness does not apportion); the tiny vLLM
-model on this CPU shares both cores with the flood's uploads and validation, so its ratio would
-mostly measure that. The fake engine runs every line the worker holds at once, so the worker's
-own choice of which held line gets a place on the engine (by project, then batch:
-``services/inference/places.py``) is not exercised; ``--tenants-engine vllm`` runs the tiny
-model, where it is.
+The engine is the fake one, **paced**, with places: each line takes ``--tenants-line-seconds``
+and at most ``--tenants-places`` run at once (``BATCHSTREAM_INFERENCE_FAKE_MAX_RUNNING``, as
+vLLM's ``max_num_seqs``), so the model serves a fixed number of lines per second whatever else the
+cores do, as a GPU would. That capacity is what the two projects share. As with vLLM, the worker
+holds sixteen times as many lines as the engine has places, and gives each freed place to the
+project, then the batch, with the fewest lines on the engine (``services/inference/places.py``):
+the lines the dispatcher keeps ahead in the topic wait in the worker, where a new batch's go
+first. The instant engine has no capacity to share (its batches are bound by the plumbing's CPU,
+which fairness does not apportion); the tiny vLLM model (``--tenants-engine vllm``) on this CPU
+shares both cores with the flood's uploads and validation, so its ratio would mostly measure that.
 
 Only the public HTTP API is used (httpx), so the benchmark runs on any version of the api.
 """
@@ -547,11 +547,13 @@ def engine(args: Any) -> tuple[ModelSpec, dict[str, str], str]:
     pace = args.tenants_line_seconds / LINE_MAX_TOKENS
     env = {
         "BATCHSTREAM_INFERENCE_FAKE_SECONDS_PER_TOKEN": f"{pace:g}",
-        "BATCHSTREAM_INFERENCE_MAX_IN_FLIGHT": str(args.tenants_in_flight),
+        "BATCHSTREAM_INFERENCE_FAKE_MAX_RUNNING": str(args.tenants_places),
+        "BATCHSTREAM_INFERENCE_MAX_NUM_SEQS": str(args.tenants_places),  # the worker's window: 16x
+        "BATCHSTREAM_INFERENCE_ENGINE_QUEUE_LINES": "0",  # none wait inside the engine: it runs them
     }
-    capacity = args.tenants_in_flight / args.tenants_line_seconds
+    capacity = args.tenants_places / args.tenants_line_seconds
     what = (
-        f"paced fake engine, {args.tenants_line_seconds:g} s a line x {args.tenants_in_flight} at once "
+        f"paced fake engine, {args.tenants_line_seconds:g} s a line x {args.tenants_places} places "
         f"= {capacity:,.0f} lines/s"
     )
     return ModelSpec("", FAKE_MODEL, engine="fake"), env, what

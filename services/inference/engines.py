@@ -24,6 +24,7 @@ async def open_engine(settings: InferenceSettings) -> AsyncIterator[Engine]:
             model_id=settings.model_id,
             max_context_length=settings.max_model_len,
             seconds_per_token=settings.fake_seconds_per_token,
+            max_running=settings.fake_max_running,
             adapters=tuple(settings.lora_adapters),
         )
         return

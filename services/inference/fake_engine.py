@@ -53,7 +53,7 @@ class FakeEngine:
     ) -> None:
         self.model_id = model_id
         self.adapters = adapters
-        self.max_running = max_running  # it runs everything at once; a test may claim a limit
+        self.max_running = max_running  # the worker's places on it (0: it runs everything at once)
         self.max_context_length = max_context_length
         self.endpoints = endpoints
         self.seconds_per_token = seconds_per_token

@@ -33,6 +33,11 @@ class InferenceSettings(BaseSettings):
     fake_seconds_per_token: float = Field(default=0.0, ge=0)
     """The ``fake`` engine's pace: each request takes this many seconds per ``max_tokens`` (1
     when the body has none); 0: instant. Tests use it to keep a batch running for a while."""
+    fake_max_running: int = Field(default=0, ge=0)
+    """The ``fake`` engine's places, as vLLM's ``max_num_seqs``: the worker puts at most this many
+    lines on it (plus ``engine_queue_lines``) and keeps the others waiting for a place, where it
+    shares them by project and batch; 0: no limit (every line the worker holds runs at once). With
+    a pace, a fixed capacity, as a GPU's: the tenants benchmark uses it."""
     model: str = Field(default="", description="Path or name of the model vLLM loads.")
     remote_url: str = ""
     """The ``remote`` engine's server: its root or OpenAI base URL (``http://vllm:8000`` or
