@@ -6,8 +6,8 @@ the 3% to be shown. Here both stacks (each with its own vLLM worker, started bef
 are up at once, and while one side runs its batch the other side's stack is frozen (SIGSTOP to
 each of its process groups, SIGCONT after; its driver process is not, and only polls a little),
 so no other service shares the machine with the batch and each batch runs alone: an idle stack
-is not free (~1.6 CPU s per batch, measured on 2026-12-02 for 774ea4b and 055bd36 alike, on the
-one core vLLM leaves to everything else). ``--idle-side running`` keeps it up idle and measures
+is not free (~1.6 CPU s per batch on the one core vLLM leaves to everything else on the
+development machine, docs/benchmarks.md). ``--idle-side running`` keeps it up idle and measures
 its CPU. A thawed side first runs a small untimed warm-up batch (its broker saw its consumers'
 sessions lapse while frozen; the warm-up waits out the rejoin). The rounds go ABBA (this, that,
 that, this, ...; with ``--start-first that``: that, this, this, that, ...), so the first batch
@@ -15,8 +15,8 @@ of each round after the first follows that same side's batch of the round before
 and no warm-up; the two sides take that place in turns. The figure is the geometric mean of the
 per-round ratios (this tree's tokens/s over the other's, the two batches of one round back to
 back) with its 95% interval (Student's t on the log ratios); the median and range are
-printed beside it. No run-batch and no engine start-up per round: on 2026-12-02's machine a round
-took ~25 s, so many fit.
+printed beside it. No run-batch and no engine start-up per round: on the development machine a
+round takes ~25 s, so many fit.
 
 The other commit is checked out in a temporary git worktree that shares this tree's ``.venv``,
 ``.venv-inference`` and ``.cache``; each side's stack runs from its own tree, driven by a child

@@ -1,7 +1,7 @@
 """Retries that cost nothing while the first try succeeds.
 
 tenacity's async loop is dear on a per-message hot path: each call builds futures with locks and
-inspects every hook to see whether it is a coroutine function. Profiled (cProfile, 2026-12-01,
+inspects every hook to see whether it is a coroutine function. Profiled (cProfile,
 10,000 lines through the fake-engine worker, which retried the engine call and the result
 publish per line), tenacity and the ``inspect`` calls it makes were ~30% of the worker's busy CPU.
 

@@ -36,7 +36,7 @@ STAND_INS = ("kafka", "mongo", "s3")
 # SeaweedFS holds ~232 MB of live Go heap from its start, most of it never touched (~115 MB
 # resident). Under a 256 MiB GOMEMLIMIT the Go GC ran at its limit from the start: a cycle every
 # few hundred KB allocated, 50-100 cycles and 1-2 CPU s per 400-line parity batch, taken from the
-# core the engine's scheduler shares (docs/benchmarks.md, 2026-12-03). 512 MiB leaves the GC room
+# core the engine's scheduler shares (docs/benchmarks.md). 512 MiB leaves the GC room
 # and still caps the peak.
 S3_GO_MEMORY_LIMIT = "512MiB"
 SERVICES = ("api", "aggregator")  # plus one "inference-<model>" per model

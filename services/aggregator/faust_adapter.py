@@ -150,7 +150,7 @@ class Consumer(faust_aiokafka.Consumer):
         crashed waits in four tasks, waits for the first, and cancels the other three. Delivery
         (putting the event in the stream's queue) almost never suspends, so that was ~12 event
         loop callbacks per result and the largest share of the aggregator's CPU (cProfile,
-        2026-12-01, docs/benchmarks.md). Here the first coroutine runs at once when the consumer
+        docs/benchmarks.md). Here the first coroutine runs at once when the consumer
         is neither stopping nor suspending flow; if it suspends (the stream's buffer is full) it
         goes on, from where it stopped, through mode's ``wait_first`` as before. The message
         then is delivered exactly as faust would deliver it.

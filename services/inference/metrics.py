@@ -4,7 +4,7 @@ The counts every line moves (``REQUESTS``, ``STARTED``, the token counters) are 
 as plain integers and added to their counters by ``flush``, which ``/metrics`` calls before it
 answers: a scrape sees every line counted, as before. A prometheus ``inc`` takes a lock and walks
 three calls; with the two in-flight gauge sets they were ~5% of the fake-engine worker's CPU per line
-(py-spy, 2026-12-01; the gauge is now read at each scrape).
+(py-spy), so the gauges are read at each scrape.
 """
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ class InferenceSettings(BaseSettings):
     """Lines let onto the engine beyond the ``max_num_seqs`` it runs: they wait inside vLLM,
     tokenized, and start the moment a sequence ends. -1: as many as ``max_num_seqs``, so when a
     whole wave of sequences ends at once (lines of equal length) the next wave starts at the next
-    engine step, not one line at a time as the worker hands each to vLLM (docs/benchmarks.md,
-    23c44da, 2026-12-02). 0: every waiting line waits in the worker. The lines that make way for a young
+    engine step, not one line at a time as the worker hands each to vLLM (docs/benchmarks.md).
+    0: every waiting line waits in the worker. The lines that make way for a young
     batch's line are the newest on the engine, mostly these (``young_batch_lines``); with a share
     of 1 and ``fcfs`` a young line waits behind them. On a shutdown they are drained with the
     running ones (``drain_timeout_s``): up to one more wave."""
