@@ -5,8 +5,9 @@ operator orders projects. A round's budget goes, in this order:
 
 1. **Head starts**: a batch that has not started gets its first lines (a small batch starts, and at
    10 lines is wholly sent, within one round whatever is queued), but one project's new batches
-   share ``start_lines`` per round between them, charged to the project's virtual time: a project
-   sending many small batches gets no more of a round than its share.
+   share ``start_lines`` per round between them, charged to the project's virtual time, and a
+   project more than one head start ahead of its tier's lowest virtual time gets none: a project
+   sending many small batches gets no more than its share.
 2. **Tiers**, which only the operator grants (``project_tiers``, default 0): a higher tier's
    projects are served before a lower tier's. Within a tier:
 3. **Batches at risk** (``QueuedBatch.at_risk``, computed by the loop with ``at_risk``): a batch
@@ -127,7 +128,9 @@ class FairSharePolicy:
         self._level(tiers)
         granted: dict[str, int] = {}
         left = self._head_starts(live, granted, budget)
-        self._reached = set()
+        # Head starts taking the whole round leave the share with the top tier: its projects
+        # wait behind new batches, not behind a higher tier, and keep their place.
+        self._reached = {b.project for b in tiers[0]} if tiers and left <= 0 else set()
         for tier in tiers:
             if left <= 0:
                 break
@@ -138,19 +141,38 @@ class FairSharePolicy:
 
     def head_start_lines(self, queued: Sequence[QueuedBatch], now: float) -> int:
         """Lines the head starts of ``queued`` take (the loop's budget covers them always)."""
-        new: dict[str, int] = {}
-        for b in queued:
-            if not b.started and b.remaining > 0 and b.expires_at > now:
-                new[b.project] = new.get(b.project, 0) + b.remaining
-        return sum(min(lines, self.start_lines) for lines in new.values())
+        live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
+        self._level(self._tiers(live))
+        return sum(
+            min(sum(b.remaining for b in batches), self.start_lines)
+            for batches in self._starting(live).values()
+        )
+
+    def _starting(self, live: list[QueuedBatch]) -> dict[str, list[QueuedBatch]]:
+        """The new batches that get a head start, by project (higher priority, then older,
+        first). A project more than one head start (``start_lines`` over its weight) ahead of
+        the lowest virtual time of its tier's queued projects gets none: its new batches wait
+        for its share like any line, so a project creating batches all the time is not served
+        beyond its share by their head starts (which the loop's budget covers whatever the
+        backlog)."""
+        lowest: dict[int, float] = {}
+        for batch in live:
+            tier, virtual = self.tier(batch.project), self._virtual.get(batch.project, 0.0)
+            lowest[tier] = min(lowest.get(tier, virtual), virtual)
+        new: dict[str, list[QueuedBatch]] = {}
+        for batch in sorted(live, key=lambda b: (-b.priority, b.order, b.batch_id)):
+            if batch.started:
+                continue
+            project = batch.project
+            ahead = self._virtual.get(project, 0.0) - lowest[self.tier(project)]
+            if ahead <= self.start_lines / self.weight(project):
+                new.setdefault(project, []).append(batch)
+        return new
 
     def _head_starts(self, live: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
         """Each project's new batches share ``start_lines``, evenly (higher priority, then older,
         first when lines are fewer than batches); projects in tier, then virtual time, order."""
-        new: dict[str, list[QueuedBatch]] = {}
-        for batch in sorted(live, key=lambda b: (-b.priority, b.order, b.batch_id)):
-            if not batch.started:
-                new.setdefault(batch.project, []).append(batch)
+        new = self._starting(live)
         for project in sorted(new, key=lambda p: (-self.tier(p), self._virtual.get(p, 0.0), p)):
             batches = new[project]
             for batch, lines in zip(batches, _fill(min(self.start_lines, left), batches), strict=True):

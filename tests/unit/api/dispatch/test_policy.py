@@ -142,16 +142,44 @@ def test_many_new_small_batches_of_one_project_do_not_take_a_round_with_a_fake_c
         clock.advance(0.05)
 
 
+def test_new_batches_every_round_do_not_outrun_the_share_when_the_backlog_is_full_with_a_fake_clock() -> None:
+    """The loop's budget covers head starts whatever the backlog: with the topic full (16 lines of
+    room a round), a project creating a new 100-line batch every round still gets only about
+    half of what is sent, the other project's started batch the rest."""
+    clock = FakeClock()
+    policy = FairSharePolicy(quantum=16, start_lines=32)
+    big = batch("big", "b", remaining=1_000_000)
+    new: dict[str, QueuedBatch] = {}
+    sent: Counter[str] = Counter()
+    for round_no in range(200):
+        name = f"n{round_no}"
+        new[name] = batch(name, "a", remaining=100, started=False, order=round_no + 1)
+        queue = [big, *new.values()]
+        budget = max(16, policy.head_start_lines(queue, clock()))  # as the loop: allowance 16
+        for grant in policy.plan(queue, budget, clock()):
+            project = "b" if grant.batch_id == "big" else "a"
+            sent[project] += grant.lines
+            if grant.batch_id != "big":
+                was = new[grant.batch_id]
+                new[grant.batch_id] = batch(
+                    grant.batch_id, "a", remaining=was.remaining - grant.lines, order=was.order
+                )
+        clock.advance(0.05)
+    assert sent["b"] >= 0.45 * (sent["a"] + sent["b"]), sent
+
+
 def test_a_projects_new_batches_share_its_head_start_with_a_fake_clock() -> None:
     clock = FakeClock()
     policy = FairSharePolicy(start_lines=32)
     news = [batch(f"n{i}", "p", remaining=100, started=False, order=i) for i in range(3)]
     other = batch("o", "q", remaining=10, started=False, order=5)
+    assert policy.head_start_lines([*news, other], clock()) == 42
     grants = shares(policy.plan([*news, other], 64, clock()))
     # Head starts: "p"'s three share 32 (11, 11, 10), "q"'s one takes its 10; then the share
     # (only "p" has lines left) goes on round robin from "p"'s last batch.
     assert grants == {"n0": 11 + 16, "n1": 11 + 6, "n2": 10, "o": 10}
-    assert policy.head_start_lines([*news, other], clock()) == 42
+    # "p" is now 44 lines ahead of "q", more than one head start: its new batches get none.
+    assert policy.head_start_lines([*news, other], clock()) == 10
     clock.advance(DAY)  # expired batches start no more
     assert policy.head_start_lines([*news, other], clock()) == 0
 
