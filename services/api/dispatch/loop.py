@@ -343,8 +343,9 @@ class Dispatcher:
     async def _dispatch(self, model: str, now: float) -> int:
         state = self._model(model)
         queue = self._queue(model, state, now)
-        # A batch not started yet gets its first lines whatever the backlog (policy.py).
-        starting = state.policy.head_start_lines(queue, now)
+        # A batch not started yet gets its first lines beyond the allowance (policy.py), up to a
+        # second target in the topic.
+        starting = min(state.policy.head_start_lines(queue, now), state.backlog.head_room())
         allowance = state.backlog.allowance(state.book.in_topic())
         budget = min(self.settings.round_lines, max(allowance, starting))
         if budget <= 0 or not queue:

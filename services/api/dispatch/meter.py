@@ -110,6 +110,13 @@ class Backlog:
             return fastest
         return min(slowest, max(fastest, DRAIN_FRACTION * min(self.lag, self._needed) / self.rate))
 
+    def head_room(self) -> int:
+        """Lines head starts may send beyond the allowance: up to a second target in the topic.
+        A new batch starts within a round behind a full topic, and a stream of new batches
+        cannot fill the topic beyond what the workers can hold (lines past their windows wait in
+        the topic in arrival order, where the worker's places cannot put a new batch first)."""
+        return max(0, 2 * self.target - self.lag)
+
     def allowance(self, ours_in_topic: int) -> int:
         """Lines we may send now.
 

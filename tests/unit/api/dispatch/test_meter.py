@@ -102,3 +102,17 @@ def test_a_rate_measured_while_the_topic_ran_dry_does_not_delay_the_next_reading
     assert meter.rate == 10 and meter.reading_interval(0.1, 1.0) == 0.1
     meter.observe({0: 10 + 16}, members=1, now=2.0, waiting=True)  # lines wait now: the rate counts
     assert meter.lag == 496 and meter.reading_interval(0.1, 1.0) > 0.5  # 16 lines/s
+
+
+def test_head_starts_may_fill_the_topic_up_to_a_second_target_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    meter = backlog()
+    meter.observe({0: 0}, members=1, now=clock(), waiting=False)
+    assert meter.target == 100
+    meter.produced(0, 149)  # 150 lines in the topic: over the target, no allowance
+    assert meter.allowance(150) == 0 and meter.head_room() == 50
+    meter.produced(0, 249)  # two targets in the topic: head starts wait for it to drain too
+    assert meter.head_room() == 0
+    clock.advance(0.2)
+    meter.observe({0: 200}, members=1, now=clock(), waiting=False)
+    assert meter.head_room() > 0
