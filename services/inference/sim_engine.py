@@ -317,16 +317,16 @@ class SimGpu:
 # ---------------------------------------------------------------------------------------- lengths
 
 
-def _words(value: Any) -> list[str]:
+def prompt_words(value: Any) -> list[str]:
     """A prompt's tokens as the fake engine counts them (whitespace words)."""
     if value is None:
         return []
     if isinstance(value, str):
         return value.split()
     if isinstance(value, dict):
-        return _words(value.get("content")) + _words(value.get("text"))
+        return prompt_words(value.get("content")) + prompt_words(value.get("text"))
     if isinstance(value, list):
-        return [w for item in value for w in _words(item)]
+        return [w for item in value for w in prompt_words(item)]
     return [str(value)]
 
 
@@ -410,10 +410,14 @@ class SimEngine:
             return refusal
         limit = min(max_context_length or self.max_context_length, self.max_context_length)
         if url in (SCORE, RERANK):
-            prompt = _words(body.get("query")) + _words(body.get("documents")) + _words(body.get("text_1"))
+            prompt = (
+                prompt_words(body.get("query"))
+                + prompt_words(body.get("documents"))
+                + prompt_words(body.get("text_1"))
+            )
             target = 0
         else:
-            prompt = _words(body.get(_REQUIRED[url])) + _words(body.get("instructions"))
+            prompt = prompt_words(body.get(_REQUIRED[url])) + prompt_words(body.get("instructions"))
             target = output_length(body, limit - len(prompt), prompt) if url in GENERATE_ENDPOINTS else 0
         answer = self._answers._answer(url, body, request_id, max_context_length, max(1, target))
         if not answer.ok:
