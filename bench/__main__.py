@@ -146,9 +146,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tai = parser.add_argument_group("tail (a file of mixed lengths: file order, sorted by hand, batchstream)")
     tai.add_argument(
         "--engine",
-        choices=["sim", "vllm"],
-        default="sim",
-        help="tail: the simulated GPU (--sim-*) or vLLM (--model-dir; run-batch for the file orders)",
+        choices=["vllm", "sim"],
+        default="vllm",
+        help="tail and shared: vLLM (tail: --model-dir, run-batch for the file orders) or the "
+        "simulated GPU (--sim-*)",
     )
     tai.add_argument("--tail-lines", type=int, default=1_000, help="lines of the generated file")
     tai.add_argument("--tail-short-tokens", type=int, default=32, help="output tokens of a short line")

@@ -164,6 +164,11 @@ class SimGpu:
         # A waiting one is passed over when it comes up.
 
     @property
+    def waiting(self) -> int:
+        """Requests queued for a place (vLLM's ``num_requests_waiting``)."""
+        return sum(1 for _, _, seq in self._waiting if not seq.done)
+
+    @property
     def held(self) -> int:
         """KV tokens the running sequences hold (a shared block once)."""
         return BLOCK_TOKENS * len(self._refs) + self._tails
