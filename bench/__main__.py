@@ -154,6 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tai.add_argument("--tail-lines", type=int, default=1_000, help="lines of the generated file")
     tai.add_argument("--tail-short-tokens", type=int, default=32, help="output tokens of a short line")
     tai.add_argument("--tail-long-tokens", type=int, default=1_024, help="output tokens of a long line")
+    tai.add_argument(
+        "--tail-beside-lines",
+        type=int,
+        default=0,
+        help="a batch of this many short lines beside batchstream's",
+    )
     sim = parser.add_argument_group("the simulated GPU (--engine sim, --tenants-engine sim)")
     sim.add_argument(
         "--sim-speedup", type=float, default=10.0, help="simulated seconds per wall second on the stack"

@@ -20,8 +20,11 @@ done, and the tail (from 90% of the lines done to the last). Lines done per side
 finish times; run-batch's lines' ``created`` second; batchstream's live ``request_counts``, polled.
 For batchstream also the ETA's error when 25%, 50% and 75% of the lines were done: the batch's
 estimated completion time (its ``completion_rate`` as the api derives ``estimated_completion_at``,
-unrounded) minus the actual end, over the time then left. Printed last: ``tail: X.XXx file order``
-(file order's time over batchstream's) and ``sorted by hand: Y.YYx file order``.
+unrounded) minus the actual end, over the time then left. With ``--tail-beside-lines N``, another
+batch of N short lines is created just before batchstream's, so the two share the engine (the
+ETA beside a second batch; it is cancelled if it outlasts the measured one). Printed last:
+``tail: X.XXx file order`` (file order's time over batchstream's) and ``sorted by hand: Y.YYx file
+order``.
 """
 
 from __future__ import annotations
@@ -162,17 +165,32 @@ class CountsWatch:
         self._client.close()
 
 
-def batchstream_side(client: OpenAI, stack: Stack, lines: list[str], scale: float) -> dict[str, Any]:
-    """The batch's figures, in the engine's seconds (``scale``: simulated seconds per wall second)."""
-    upload = client.files.create(file=("tail.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
+def upload(client: OpenAI, lines: list[str], name: str) -> str:
+    return client.files.create(file=(name, ("\n".join(lines) + "\n").encode()), purpose="batch").id
+
+
+def create(client: OpenAI, file_id: str) -> str:
+    return client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    ).id
+
+
+def batchstream_side(
+    client: OpenAI, stack: Stack, lines: list[str], scale: float, beside: list[str] | None = None
+) -> dict[str, Any]:
+    """The batch's figures, in the engine's seconds (``scale``: simulated seconds per wall second);
+    with ``beside``, another batch of those lines created just before it shares the engine (and
+    is cancelled once the measured batch ends)."""
+    other = create(client, upload(client, beside, "beside.jsonl")) if beside else None
+    file_id = upload(client, lines, "tail.jsonl")
     created_at = time.time()
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    watch = CountsWatch(stack, batch.id, len(lines))
+    batch_id = create(client, file_id)
+    watch = CountsWatch(stack, batch_id, len(lines))
     watch.join(timeout_s=7200)
+    if other is not None and client.batches.retrieve(other).status in ("validating", "in_progress"):
+        client.batches.cancel(other)
     if watch.ended is None:
-        raise RuntimeError(f"batch {batch.id} did not end")
+        raise RuntimeError(f"batch {batch_id} did not end")
     done_at: list[float] = []
     for (at, done), (_, before) in zip(watch.counts[1:], watch.counts, strict=False):
         done_at += [(at - created_at) * scale] * (done - before)
@@ -186,6 +204,7 @@ def batchstream_side(client: OpenAI, stack: Stack, lines: list[str], scale: floa
 
 
 def warm_up(client: OpenAI) -> None:
+    """An untimed one-line batch, so the timed one starts with the worker warm in its group."""
     line = json.dumps(
         {
             "custom_id": "warm-up",
@@ -194,13 +213,10 @@ def warm_up(client: OpenAI) -> None:
             "body": {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1},
         }
     )
-    upload = client.files.create(file=("warm-up.jsonl", line.encode()), purpose="batch")
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    batch_id = create(client, upload(client, [line], "warm-up.jsonl"))
     deadline = time.monotonic() + 600
     while (
-        client.batches.retrieve(batch.id).status not in ("completed", "failed")
+        client.batches.retrieve(batch_id).status not in ("completed", "failed")
         and time.monotonic() < deadline
     ):
         time.sleep(0.2)
@@ -227,13 +243,16 @@ def run(args: Any) -> dict[str, Any]:
         env = {"BATCHSTREAM_INFERENCE_MAX_NUM_SEQS": str(args.max_num_seqs)}
         env["BATCHSTREAM_INFERENCE_MAX_MODEL_LEN"] = str(args.max_model_len)
         file_order, by_hand = vllm_side(lines, args, work), vllm_side(sorted_lines, args, work)
+    if args.tail_beside_lines:
+        engine += f"; batchstream's batch beside another of {args.tail_beside_lines} short lines"
     print(f"\ntail: {len(lines)} lines on the {engine}", flush=True)
     stack = new_stack([spec], inference_python=args.inference_python, **env, **args.env)
     try:
         start_stack(stack)
         client = OpenAI(base_url=stack.base_url, api_key=stack.api_key, max_retries=5, timeout=600)
         warm_up(client)
-        ours = batchstream_side(client, stack, lines, scale)
+        beside = tail_lines(args.tail_beside_lines, args.tail_short_tokens, args.tail_short_tokens, seed=11)
+        ours = batchstream_side(client, stack, lines, scale, beside if args.tail_beside_lines else None)
     finally:
         stack.stop()
     sides = {"file order": file_order, "sorted by hand": by_hand, "batchstream": ours}
