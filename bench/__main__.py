@@ -148,8 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--engine",
         choices=["vllm", "sim"],
         default="vllm",
-        help="tail and shared: vLLM (tail: --model-dir, run-batch for the file orders) or the "
-        "simulated GPU (--sim-*)",
+        help="tail, shared and tenants: vLLM (tail: --model-dir, run-batch for the file orders) or "
+        "the simulated GPU (--sim-*; for tenants the same as --tenants-engine sim)",
     )
     tai.add_argument("--tail-lines", type=int, default=1_000, help="lines of the generated file")
     tai.add_argument("--tail-short-tokens", type=int, default=32, help="output tokens of a short line")

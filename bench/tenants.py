@@ -547,7 +547,7 @@ def engine(args: Any) -> tuple[ModelSpec, dict[str, str], str]:
         if not Path(args.model_dir, "config.json").exists():
             raise SystemExit(f"no model at {args.model_dir} (run `make test` or `make up UP_MODEL=tiny`)")
         return ModelSpec(args.model_dir, VLLM_MODEL), {}, f"vLLM {Path(args.model_dir).name}"
-    if args.tenants_engine == "sim":
+    if args.tenants_engine == "sim" or getattr(args, "engine", "") == "sim":
         return ModelSpec("", SIM_MODEL, engine="sim"), sim_env(args), f"simulated GPU ({SIM_PROFILE.name})"
     pace = args.tenants_line_seconds / LINE_MAX_TOKENS
     env = {
