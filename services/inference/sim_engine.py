@@ -94,10 +94,10 @@ per second) of vLLM 0.21.0 serving Llama-3.1-8B-Instruct (fp16) on one H100-80GB
 PROFILE = GpuProfile(
     name="H100-80GB, Llama-3.1-8B-Instruct (vLLM 0.21, fp16)",
     # Fitted to PUBLISHED's time per output token: the floor is the mean of the two points where
-    # the batch is too small to matter (1 and 4 sequences), the slope the least-squares fit of
-    # the two where it dominates (16 and 64 sequences), through the origin.
+    # the batch is too small to matter (1 and 4 sequences), the slope the least-squares fit (of
+    # the relative errors, through the origin) of the two where it dominates (16 and 64).
     step_floor_s=6.535e-3,
-    per_sequence_s=0.7245e-3,
+    per_sequence_s=0.7067e-3,
     # Not in the published curve: two FLOPs per parameter per token (16 GFLOP for 8 B
     # parameters) at half of the H100's 989 dense bf16 TFLOP/s: ~31,000 prompt tokens/s.
     per_prefill_token_s=1 / 31_000,
