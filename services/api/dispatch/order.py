@@ -192,11 +192,12 @@ class OrderBuilder:
     ``plan`` finds the order, ``write`` writes the order object with the lines it reads.
 
     ``add`` takes the lines in file order. ``plan`` walks the sorted keys to find each run's
-    first line, shared prefix and longest line (20 bytes per run, a lone line being a run of one); a second
-    walk places the lines, the placed entries going to a temporary file in dispatch order. When
-    the lines carry one tag and the first walk finds no group, or one group of every line with
-    one key, the order is the file's own and nothing is placed until ``write`` asks for it (a
-    mixed batch's parts are always written).
+    first line, shared prefix and longest line (20 bytes per run, a lone line being a run of
+    one); a second walk places the lines, the placed entries going to a temporary file in
+    dispatch order. When the lines carry one tag and one expected length (or ``longest_first`` is
+    off) and the first walk finds no group, or one group of every line with one key, the order is
+    the file's own and nothing is placed until ``write`` asks for it (a mixed batch's parts are
+    always written).
     """
 
     def __init__(
