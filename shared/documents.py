@@ -33,6 +33,9 @@ Batch internal fields:
 - ``enqueued``: ``{model: {lines, tokens}}``, the batch's lines per model they name and their
   estimated prompt tokens, set at validation with ``enqueued_at`` (nanoseconds); the api's
   quotas count them down as lines get results (services/api/quotas/limits.py).
+- ``completion_rate``: ``[at, lines_per_s]``, the batch's lines done per second over the last
+  minute (services/aggregator/completion_rate.py), written with each live counts flush (null
+  until it can be told); ``public`` derives the estimated completion time from it.
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
   of them (the console's plot of lines over time; pushed on the flush's own write).
 
@@ -93,6 +96,7 @@ class BatchDocument(StoredDocument, BatchBase):
     enqueued: dict[str, dict[str, int]] | None = None
     enqueued_at: int | None = None
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
+    completion_rate: list[float] | None = None
 
     def output_files_expire_at(self) -> int | None:
         """When the output and error files expire: ``output_expires_after`` from its anchor (the
@@ -106,8 +110,24 @@ class BatchDocument(StoredDocument, BatchBase):
         shared = self.model_dump(include=set(BatchBase.model_fields))
         first_error = self.errors.data[0] if self.errors and self.errors.data else None
         return Batch(
-            **shared, **self.defaults.model_dump(), started_at=self.in_progress_at, error=first_error
+            **shared,
+            **self.defaults.model_dump(),
+            started_at=self.in_progress_at,
+            error=first_error,
+            **self.estimate(),
         )
+
+    def estimate(self) -> dict[str, Any]:
+        """``estimated_completion_at`` and ``estimated_rate_lines_per_s`` (docs/api.md): while the
+        batch is in progress and its rate is known, the rate's time plus its lines not done at
+        that rate (unix seconds, rounded up); otherwise null."""
+        rate = self.completion_rate
+        if self.status != "in_progress" or not rate or len(rate) != 2 or rate[1] <= 0:
+            return {"estimated_completion_at": None, "estimated_rate_lines_per_s": None}
+        counts = self.request_counts
+        remaining = max(0, counts.total - counts.completed - counts.failed)
+        at = int(-(-(rate[0] + remaining / rate[1]) // 1))
+        return {"estimated_completion_at": at, "estimated_rate_lines_per_s": round(rate[1], 3)}
 
 
 class FileDocument(StoredDocument, FileBase):

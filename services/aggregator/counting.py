@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from services.aggregator import metrics
 from services.aggregator.batches import BatchDirectory
+from services.aggregator.completion_rate import CompletionRates
 from services.aggregator.finalize import FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
@@ -231,6 +232,7 @@ class CountsFlusher:
         self._lock = asyncio.Lock()
         self._clock = clock
         self._sampled: dict[str, tuple[float, float]] = {}  # batch -> (first counted, last sample)
+        self._rates = CompletionRates(clock=clock)  # the estimated completion time's basis
 
     def mark(self, batch_id: str) -> None:
         self._dirty.add(batch_id)
@@ -261,12 +263,18 @@ class CountsFlusher:
         raw = self._states.get(batch_id)
         if raw is None:  # finalized and forgotten meanwhile
             self._sampled.pop(batch_id, None)
+            self._rates.forget(batch_id)
             return None
         state = BatchState.from_dict(raw)
         # seen_lines: for the api's dispatcher, which lines have a result (zlib bitmap bytes).
         seen = base64.b64decode(raw.get("seen") or "")
         return LiveCounts(
-            state.completed, state.failed, state.usage_document(), seen, self._sample_due(batch_id)
+            state.completed,
+            state.failed,
+            state.usage_document(),
+            seen,
+            self._sample_due(batch_id),
+            self._rates.observe(batch_id, state.done),
         )
 
     def _sample_due(self, batch_id: str) -> bool:

@@ -88,8 +88,15 @@ class FakeEngine:
         return self._answer(url, body, request_id, max_context_length)
 
     def _answer(
-        self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
+        self,
+        url: str,
+        body: dict[str, Any],
+        request_id: str,
+        max_context_length: int | None,
+        completion_tokens: int = 1,
     ) -> Answer:
+        """The answer's body and usage; ``completion_tokens`` words of ``FAKE_TEXT`` (the
+        simulated engine's output lengths)."""
         if url in (SCORE, RERANK):
             return self._scores(url, body, request_id)
         required = _REQUIRED[url]
@@ -107,15 +114,20 @@ class FakeEngine:
         if url == EMBEDDINGS:
             usage = TokenUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
             return Answer.of(200, self._embedding(body, usage, model), usage)
-        usage = TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=1, total_tokens=prompt_tokens + 1)
+        usage = TokenUsage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        text = FAKE_TEXT if completion_tokens == 1 else " ".join([FAKE_TEXT] * completion_tokens)
         if url == CHAT:
-            return Answer.of(200, self._chat(request_id, usage, model), usage)
+            return Answer.of(200, self._chat(request_id, usage, model, text), usage)
         if url == RESPONSES:
-            return Answer.of(200, self._response(request_id, usage, model), usage)
-        return Answer.of(200, self._completion(request_id, usage, model), usage)
+            return Answer.of(200, self._response(request_id, usage, model, text), usage)
+        return Answer.of(200, self._completion(request_id, usage, model, text), usage)
 
-    def _chat(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
-        message = {"role": "assistant", "content": FAKE_TEXT, "tool_calls": []}
+    def _chat(self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text, "tool_calls": []}
         return {
             "id": f"chatcmpl-{request_id}",
             "object": "chat.completion",
@@ -125,8 +137,10 @@ class FakeEngine:
             "usage": _usage_body(usage),
         }
 
-    def _completion(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
-        choice = {"index": 0, "text": FAKE_TEXT, "logprobs": None, "finish_reason": "stop"}
+    def _completion(
+        self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
         return {
             "id": f"cmpl-{request_id}",
             "object": "text_completion",
@@ -136,10 +150,12 @@ class FakeEngine:
             "usage": _usage_body(usage),
         }
 
-    def _response(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
+    def _response(
+        self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT
+    ) -> dict[str, Any]:
         content: dict[str, Any] = {
             "type": "output_text",
-            "text": FAKE_TEXT,
+            "text": text,
             "annotations": [],
             "logprobs": None,
         }

@@ -131,6 +131,10 @@ class Batch(BatchBase, SamplingDefaults):
     # failure's details (= the first of errors.data).
     started_at: int | None = None
     error: BatchError | None = None
+    # batchstream's extensions, while the batch is in progress (docs/api.md, "Estimated completion"):
+    # when its lines will be done at its recent rate (unix seconds), and that rate; else null.
+    estimated_completion_at: int | None = None
+    estimated_rate_lines_per_s: float | None = None
 
 
 class ModelCard(BaseModel):

@@ -122,6 +122,7 @@ class LiveCounts:
     usage: Mapping[str, Any]
     seen_lines: bytes | None = None  # the seen-lines bitmap, for the api's dispatcher (lost lines)
     sample: bool = True  # also append these counts to the batch's progress history
+    rate: float | None = None  # lines done per second lately (``BatchDocument.completion_rate``)
 
 
 @dataclass(frozen=True)
@@ -415,6 +416,7 @@ class BatchStore:
                         "request_counts.failed": c.failed,
                         "usage": dict(c.usage),
                         **({"seen_lines": c.seen_lines} if c.seen_lines is not None else {}),
+                        "completion_rate": [now, c.rate] if c.rate else None,
                     },
                     # A bounded history for the progress plot, on the same write.
                     **(

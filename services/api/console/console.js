@@ -80,11 +80,13 @@ function fmtBytes(n) {
   return `${value.toFixed(value < 10 ? 1 : 0)} ${units[i]}`;
 }
 
-// Seconds left at the batch's rate since it started; null when there is nothing to go on.
+// Seconds left: the batch's own estimate (estimated_completion_at, from its rate over the last
+// minute) when it has one, else at its rate since it started; null when there is nothing to go on.
 function timeLeft(batch) {
   const c = batch.request_counts, done = c.completed + c.failed;
   if (terminal(batch.status) || !batch.in_progress_at || !c.total) return null;
   if (done >= c.total) return 0;
+  if (batch.estimated_completion_at) return Math.max(0, batch.estimated_completion_at - Date.now() / 1000);
   const elapsed = Date.now() / 1000 - batch.in_progress_at;
   if (done === 0 || elapsed <= 0) return null;
   return (c.total - done) / (done / elapsed);
@@ -517,7 +519,9 @@ function batchPage(batchId, view) {
     if (key !== actionsKey) { actionsBox.replaceChildren(actions); actionsKey = key; }
     details.replaceChildren(...[
       progressBar(c, true),
-      h("p", { id: "counts" }, countsText(c), ended ? "" : ` · time left ${fmtDuration(timeLeft(batch))}`),
+      h("p", { id: "counts" }, countsText(c), ended ? "" : ` · time left ${fmtDuration(timeLeft(batch))}`,
+        !ended && batch.estimated_completion_at ? h("span", { id: "estimated-end" },
+          ` · ends about ${fmtTime(batch.estimated_completion_at)} at ${batch.estimated_rate_lines_per_s} lines/s`) : ""),
       validation,
       h("div", { class: "grid" },
         h("section", { class: "card" }, h("h2", {}, "Status"), timeline(batch)),

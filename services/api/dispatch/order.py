@@ -19,6 +19,15 @@ text gives the same id in any batch, so it names a cache's content). The order s
 their first line in the file and a group's lines in trie order; a line that shares no such
 prefix keeps its place in the file, so a file without shared prefixes is sent in file order.
 
+**Longest first.** On a GPU a decode step costs about as much for one sequence as for hundreds,
+so a long line that starts last runs nearly alone and the batch waits for it (the tail). With
+``longest_first`` the order sends the groups by their longest line, longest first, and a group's
+lines longest first (lines that share more than the group's prefix stay together); a line's
+expected length is its output cap (``expected_length``: ``max_completion_tokens``, ``max_tokens``
+or ``max_output_tokens``, else the batch's ``max_decoding_length``, else the longest of all), and
+an embedding, score or rerank line is short. Equal lengths keep the order above. The order is
+made once, before any line runs: what finished lines show is not fed back.
+
 **The order object** (``dispatch_order_key``) holds the request lines themselves, in dispatch
 order, each behind a ``HEADER`` (its byte offset and length in the input, its line number, group
 and rank), so the dispatcher reads it front to back like the input: no ranged read per line.
@@ -29,7 +38,7 @@ so a worker swaps adapters as rarely as it can; no group spans two tags. Untagge
 
 **Bounded memory.** Validation keeps a small record per line (its key, number and place), not
 the line. Both sorts are external: runs of at most ``RUN_BYTES`` are sorted in memory, spilled to
-a temporary file and merged (``heapq.merge``); the run table (16 bytes per run of the walk) is a
+a temporary file and merged (``heapq.merge``); the run table (20 bytes per run of the walk) is a
 temporary file too, written by the first walk and read back by the second. The lines
 are then copied in dispatch order from a local copy of the input. An order that changes nothing
 (every line in file order, one group at most) is not stored: the batch goes in file order.
@@ -67,10 +76,19 @@ _DIGESTS = [struct.Struct(f">{n}I{KEY_BYTES - n * DIGEST}x") for n in range(MAX_
 _crc32 = zlib.crc32
 # What the sorts compare, packed big-endian so that the bytes compare as the values do.
 _KEYED = struct.Struct(f">I{KEY_BYTES}sIQI")  # tag, prefix key, number, start, length
-# The tag, the group's first number, the line's key up to what it shares with a neighbour,
-# number, start, length, group id.
-_PLACED = struct.Struct(f">II{KEY_BYTES}sIQIQ")
-_RUN = struct.Struct("<IQ")  # a run's first line number and group id (the run table)
+# The tag, the group's rank by length, its first number, the line's key up to what it shares with
+# a neighbour, the line's rank by length, number, start, length, group id.
+_PLACED = struct.Struct(f">III{KEY_BYTES}sIIQIQ")
+_RUN = struct.Struct("<IQI")  # a run's first line number, group id, longest line (the run table)
+# A line's expected length, stored beside its record: what the sorts compare is its complement
+# (longest first).
+_LENGTH = struct.Struct("<I")
+LONGEST = 0xFFFFFFFF
+"""The expected length of a line without an output cap: the longest of all."""
+SHORT = 1
+"""The expected length of a line that generates nothing (embeddings, score, rerank)."""
+_OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+_GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 RUN_TABLE_BUFFER = 64 * 1024
 
 
@@ -120,6 +138,19 @@ def prompt_text(url: str, body: dict[str, Any]) -> str | None:
     return None
 
 
+def expected_length(url: str, body: dict[str, Any] | None, default: int | None) -> int:
+    """How many tokens a line is expected to generate, for the longest-first order: its output
+    cap, else the batch's ``max_decoding_length`` (``default``), else ``LONGEST``; ``SHORT`` for
+    a line that generates nothing."""
+    if url not in _GENERATING:
+        return SHORT
+    for name in _OUTPUT_CAPS:
+        value = (body or {}).get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(value, LONGEST)
+    return min(default, LONGEST) if default else LONGEST
+
+
 def prefix_key(text: str) -> bytes:
     """The digests of ``text``'s prefixes up to each block (``KEY_BYTES``, zero-padded)."""
     # A character is at least one byte: the first KEY_TEXT characters hold the key's bytes.
@@ -153,7 +184,7 @@ class OrderStats:
     @property
     def worth_storing(self) -> bool:
         """Whether an order changes anything: lines move, or several groups (affinity) exist."""
-        return self.groups > 1 or (self.groups == 1 and not self.in_file_order)
+        return self.groups > 1 or not self.in_file_order
 
 
 class OrderBuilder:
@@ -161,56 +192,66 @@ class OrderBuilder:
     ``plan`` finds the order, ``write`` writes the order object with the lines it reads.
 
     ``add`` takes the lines in file order. ``plan`` walks the sorted keys to find each run's
-    first line and shared prefix (16 bytes per run, a lone line being a run of one); a second
-    walk places the lines, the placed entries going to a temporary file in dispatch order. When
-    the lines carry one tag and the first walk finds no group, or one group of every line with
-    one key, the order is the file's own and nothing is placed until ``write`` asks for it (a
-    mixed batch's parts are always written).
+    first line, shared prefix and longest line (20 bytes per run, a lone line being a run of
+    one); a second walk places the lines, the placed entries going to a temporary file in
+    dispatch order. When the lines carry one tag and one expected length (or ``longest_first`` is
+    off) and the first walk finds no group, or one group of every line with one key, the order is
+    the file's own and nothing is placed until ``write`` asks for it (a mixed batch's parts are
+    always written).
     """
 
-    def __init__(self, min_shared_chars: int, run_bytes: int = RUN_BYTES) -> None:
+    def __init__(
+        self, min_shared_chars: int, run_bytes: int = RUN_BYTES, longest_first: bool = False
+    ) -> None:
         self.min_blocks = max(1, -(-min_shared_chars // BLOCK_BYTES))
         self._run_bytes = run_bytes
+        self.longest_first = longest_first
+        self._lengths: set[int] = set()  # up to two: whether lengths differ at all
         self._keys = SortedRuns(run_bytes)
         self._runs: IO[bytes] | None = None
         self._plan: IO[bytes] | None = None
         self._tags: set[int] = set()
         self.stats = OrderStats()
 
-    def add(self, line: InputLine, text: str | None, tag: int = 0) -> None:
+    def add(self, line: InputLine, text: str | None, tag: int = 0, length: int = LONGEST) -> None:
+        """A line (in file order), its prompt text and its expected length (``expected_length``)."""
         key = prefix_key(text) if text else b"\0" * KEY_BYTES
-        self._keys.add(_KEYED.pack(tag, key, line.number, line.start, len(line.raw)))
+        length = length if self.longest_first else 0
+        self._keys.add(_KEYED.pack(tag, key, line.number, line.start, len(line.raw)) + _LENGTH.pack(length))
         self._tags.add(tag)
+        if len(self._lengths) < 2:
+            self._lengths.add(length)
         self.stats.lines += 1
 
-    def _walk(self) -> Iterator[tuple[bool, int, bytes, int, int, int]]:
-        """The sorted lines as ``(starts a run, tag, key, number, start, length)``."""
+    def _walk(self) -> Iterator[tuple[bool, int, bytes, int, int, int, int]]:
+        """The sorted lines as ``(starts a run, tag, key, number, start, length, expected length)``."""
         previous: bytes = b""
         last_tag = -1
         head = self.min_blocks * DIGEST  # keys that differ here share too little (most lines)
         for record in self._keys.sorted():
-            tag, key, number, start, length = _KEYED.unpack(record)
+            tag, key, number, start, length = _KEYED.unpack_from(record)
+            (expected,) = _LENGTH.unpack_from(record, _KEYED.size)
             fresh = (
                 tag != last_tag
                 or previous[:head] != key[:head]
                 or shared_blocks(previous, key) < self.min_blocks
             )
             previous, last_tag = key, tag
-            yield fresh, tag, key, number, start, length
+            yield fresh, tag, key, number, start, length, expected
 
-    def _depths(self) -> Iterator[tuple[bool, int, bytes, int, int, int, int]]:
+    def _depths(self) -> Iterator[tuple[bool, int, bytes, int, int, int, int, int]]:
         """``_walk`` with how many blocks each line shares with the nearer of its neighbours (of
         its tag)."""
         before = 0
-        held: tuple[bool, int, bytes, int, int, int] | None = None
+        held: tuple[bool, int, bytes, int, int, int, int] | None = None
         for item in self._walk():
             if held is not None:
                 after = shared_blocks(held[2], item[2]) if held[1] == item[1] else 0
-                yield held[0], held[1], held[2], max(before, after), held[3], held[4], held[5]
+                yield held[0], held[1], held[2], max(before, after), *held[3:]
                 before = after
             held = item
         if held is not None:
-            yield held[0], held[1], held[2], before, held[3], held[4], held[5]
+            yield held[0], held[1], held[2], before, *held[3:]
 
     def plan(self) -> OrderStats:
         """Find the order (kept in a temporary file for ``write``); returns what it found."""
@@ -219,9 +260,13 @@ class OrderBuilder:
         self._runs = tempfile.TemporaryFile(buffering=RUN_TABLE_BUFFER)
         try:
             uniform = self._find_runs(self._runs)
-            if len(self._tags) <= 1 and (
-                self.stats.groups == 0
-                or (self.stats.groups == 1 and uniform and self.stats.grouped == self.stats.lines)
+            if (
+                len(self._tags) <= 1
+                and len(self._lengths) <= 1
+                and (
+                    self.stats.groups == 0
+                    or (self.stats.groups == 1 and uniform and self.stats.grouped == self.stats.lines)
+                )
             ):
                 return self.stats  # every line alone, or one group of equal keys: the file's order
             self._place()
@@ -238,17 +283,30 @@ class OrderBuilder:
         self._plan = tempfile.TemporaryFile()
         try:
             runs.seek(0)
-            first = group_id = 0
-            for fresh, tag, key, depth, number, start, length in self._depths():
+            first = group_id = longest = 0
+            for fresh, tag, key, depth, number, start, length, expected in self._depths():
                 if fresh:
-                    first, group_id = _RUN.unpack(runs.read(_RUN.size))
+                    first, group_id, longest = _RUN.unpack(runs.read(_RUN.size))
                 # Within a group, lines sharing more than the group's prefix stay together (their
-                # key up to what they share with a neighbour); the rest keep their file order.
+                # key up to what they share with a neighbour); the rest keep their file order, or
+                # go longest first. Groups go by their first line, or their longest first.
                 sub = key[: depth * DIGEST].ljust(KEY_BYTES, b"\0")
-                places.add(_PLACED.pack(tag, first, sub, number, start, length, group_id))
+                places.add(
+                    _PLACED.pack(
+                        tag,
+                        LONGEST - longest,
+                        first,
+                        sub,
+                        LONGEST - expected,
+                        number,
+                        start,
+                        length,
+                        group_id,
+                    )
+                )
             previous, rank, last_group = 0, 0, (-1, -1)
             for record in places.sorted():
-                tag, first, _, number, start, length, group_id = _PLACED.unpack(record)
+                tag, _, first, _, _, number, start, length, group_id = _PLACED.unpack(record)
                 rank = rank + 1 if (tag, first) == last_group else 0
                 last_group = (tag, first)
                 self._plan.write(HEADER.pack(start, length, number, group_id, rank))
@@ -264,24 +322,25 @@ class OrderBuilder:
         bytes per run on disk, none in memory); the group counts to ``stats``. True when every
         line of a run has its run's key (lines sharing their first 4 KiB): such a run's lines
         are placed in file order."""
-        head, common, first, size = b"", 0, 0, 0
+        head, common, first, size, longest = b"", 0, 0, 0, 0
         uniform = True
 
         def end_run() -> None:
             shared = min(common, shared_blocks(head, head)) if size > 1 else 0  # equal keys: all of it
-            table.write(_RUN.pack(first, _group_id(head, shared, size)))
+            table.write(_RUN.pack(first, _group_id(head, shared, size), longest))
             if size > 1:
                 self.stats.groups += 1
                 self.stats.grouped += size
 
-        for fresh, _, key, number, _, _ in self._walk():
+        for fresh, _, key, number, _, _, expected in self._walk():
             if fresh:
                 if size:
                     end_run()
-                first, size, head, common = number, 1, key, MAX_BLOCKS
+                first, size, head, common, longest = number, 1, key, MAX_BLOCKS, expected
             else:
                 size += 1
                 first = min(first, number)
+                longest = max(longest, expected)
                 if key != head:
                     uniform = False
                     common = min(common, shared_blocks(head, key))
@@ -324,17 +383,24 @@ class PartOrders:
     with the model or adapter it names, so each adapter's lines go together), and a part of base
     None for the lines that name no served model. Parts are numbered by first appearance."""
 
-    def __init__(self, min_shared_chars: int, run_bytes: int = RUN_BYTES) -> None:
+    def __init__(
+        self, min_shared_chars: int, run_bytes: int = RUN_BYTES, longest_first: bool = False
+    ) -> None:
         self.min_shared_chars, self._run_bytes = min_shared_chars, run_bytes
+        self.longest_first = longest_first
         self.parts: dict[str | None, OrderBuilder] = {}
         self._tags: dict[str | None, dict[str, int]] = {}  # per served base model
 
-    def add(self, base: str | None, model: str, line: InputLine, text: str | None) -> None:
+    def add(
+        self, base: str | None, model: str, line: InputLine, text: str | None, length: int = LONGEST
+    ) -> None:
         """A line naming ``model`` (served by ``base``; None: no served model, tag 0, so the
-        names of unserved models are never kept)."""
+        names of unserved models are never kept), with its expected length."""
         builder = self.parts.get(base)
         if builder is None:
-            builder = self.parts[base] = OrderBuilder(self.min_shared_chars, self._run_bytes)
+            builder = self.parts[base] = OrderBuilder(
+                self.min_shared_chars, self._run_bytes, self.longest_first
+            )
             self._tags[base] = {}
         tags = self._tags[base]
         tag = 0 if base is None else tags.setdefault(model, len(tags))

@@ -341,13 +341,16 @@ class BatchService:
             max_reported_error_bytes=self.settings.max_reported_error_bytes,
             allowed_media_domains=self.media_domains,
             max_line_bytes=self.settings.max_line_bytes,
+            default_length=batch.defaults.max_decoding_length,
         )
         min_shared = self.dispatch.prefix_min_shared_chars
+        longest_first = self.dispatch.longest_first and batch.prefix_order
         order, parts = None, None
         if batch.mixed_models:
-            parts = validator.parts = PartOrders(min_shared if batch.prefix_order else NO_GROUPS)
+            min_shared = min_shared if batch.prefix_order else NO_GROUPS
+            parts = validator.parts = PartOrders(min_shared, longest_first=longest_first)
         elif batch.prefix_order:
-            order = validator.order = OrderBuilder(min_shared)
+            order = validator.order = OrderBuilder(min_shared, longest_first=longest_first)
         try:
             chunks = self.store.iter_chunks(input_file.object_key)
             report = await validator.run(request_lines(chunks, self.settings.max_line_bytes))
