@@ -63,7 +63,7 @@ class DispatchView:
     project: str
     status: str
     priority: int
-    prefix_order: bool  # sent in its dispatch order (services/api/dispatch/order.py)
+    prefix_order: bool  # sent in its dispatch order (services/api/service/dispatch_order.py)
     expires_at: float  # infinity when the batch has no deadline
     sort_key: int
     input_file_id: str
@@ -301,7 +301,7 @@ class BatchStore:
         enqueued_at: int = 0,
     ) -> bool:
         """validating -> in_progress, with the model, the number of request lines, whether a
-        dispatch order was made (``services/api/dispatch/order.py``), the lines' parts by base
+        dispatch order was made (``services/api/service/dispatch_order.py``), the lines' parts by base
         model and the lines and estimated tokens per model the quotas count (``enqueued``,
         ``shared/documents.py``)."""
         fields: Document = {

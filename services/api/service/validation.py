@@ -19,8 +19,9 @@ import orjson
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from services.api.dispatch.order import RUN_BYTES, OrderBuilder, PartOrders, prompt_text
+from services.api.prompt_keys import prompt_text
 from services.api.quotas.limits import ModelUse, estimate_tokens
+from services.api.service.dispatch_order import RUN_BYTES, OrderBuilder, PartOrders
 from services.api.spill import SortedRuns
 from shared import media
 from shared.errors import echo
