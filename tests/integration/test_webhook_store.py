@@ -28,6 +28,7 @@ from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
+from tests.support.fakes import FakeDispatcher
 from tests.support.fresh_mongo import fresh_mongo
 from tests.support.waiting import eventually
 
@@ -157,8 +158,9 @@ async def test_batch_failed_is_recorded_when_recording_failed_once_after_the_mov
         IdempotencyStore(mongo.idempotency),
         store,
         files,
-        None,
-        settings,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        FakeDispatcher(),  # type: ignore[arg-type]
+        settings,
         DispatchSettings(),
     )
     try:

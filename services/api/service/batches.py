@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import orjson
@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pymongo.errors import ConnectionFailure
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
+from services.api.dispatch.loop import Dispatcher
 from services.api.dispatch.settings import DispatchSettings
 from services.api.quotas.limits import ModelUse
 from services.api.quotas.service import QuotaService
@@ -87,6 +88,7 @@ class BatchService:
         store: ObjectStore,
         files: FileService,
         announcer: ControlAnnouncer,
+        dispatcher: Dispatcher,
         settings: ApiSettings,
         dispatch: DispatchSettings,
         media: MediaSettings | None = None,
@@ -97,13 +99,13 @@ class BatchService:
         self.store = store
         self.files = files
         self.announcer = announcer
+        self.dispatcher = dispatcher
         self.settings = settings
         self.dispatch = dispatch
         self.media_domains = (media or MediaSettings()).domains
         self.quotas = quotas  # None: no quotas
         self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
 
     async def create(
         self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
@@ -310,7 +312,7 @@ class BatchService:
         )
         # The dispatcher (services/api/dispatch) streams the lines from the input file.
         await self.batches.mark_dispatchable(batch.id)
-        self.on_dispatchable()
+        self.dispatcher.wake()
 
     async def _give_up(self, batch: BatchDocument, reason: str) -> None:
         """End a batch that cannot be processed: ``failed``, saying why; its lines already sent
