@@ -7,7 +7,8 @@ from collections import OrderedDict
 from dataclasses import replace
 
 from shared.documents import BatchDocument
-from shared.stores.batches import BatchStore, BatchSummary
+from shared.stores.batch_progress import BatchProgressStore, BatchSummary
+from shared.stores.batches import BatchStore
 
 log = logging.getLogger(__name__)
 
@@ -15,8 +16,9 @@ log = logging.getLogger(__name__)
 class BatchDirectory:
     """An LRU cache of ``BatchSummary`` in front of the batch store (``batch_cache_size`` entries)."""
 
-    def __init__(self, batches: BatchStore, max_entries: int) -> None:
+    def __init__(self, batches: BatchStore, progress: BatchProgressStore, max_entries: int) -> None:
         self._batches = batches
+        self._progress = progress
         self._max = max_entries
         self._cache: OrderedDict[str, BatchSummary] = OrderedDict()
 
@@ -32,10 +34,10 @@ class BatchDirectory:
         return await self._batches.get(batch_id)
 
     async def resumed_ids(self) -> list[str]:
-        return await self._batches.resumed_ids()
+        return await self._progress.resumed_ids()
 
     async def refresh(self, batch_id: str) -> BatchSummary | None:
-        summary = await self._batches.summary(batch_id)
+        summary = await self._progress.summary(batch_id)
         if summary is None:
             self._cache.pop(batch_id, None)
             return None
@@ -44,7 +46,7 @@ class BatchDirectory:
 
     async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
         """Ids of batches that must end now although lines may lack results (see closing.py)."""
-        return await self._batches.overdue(now, cancel_timeout_s, limit)
+        return await self._progress.overdue(now, cancel_timeout_s, limit)
 
     def cached(self, batch_id: str) -> BatchSummary | None:
         return self._cache.get(batch_id)

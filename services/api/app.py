@@ -86,7 +86,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The api ends a batch ``failed`` (validation); its event is recorded here, sent by the
         # aggregator (services/aggregator/webhooks.py).
         recorder = EventRecorder(WebhookEventStore(mongo.webhook_events), webhook_endpoints)
-        batch_store = BatchStore(mongo.batches, on_end=recorder.batch_ended)
+        batch_store = BatchStore(mongo.batches, recorder)
         file_store = FileStore(mongo.files)
         model_store = ModelStore(mongo.models)
         dispatcher = Dispatcher(

@@ -40,7 +40,8 @@ from shared.protocol.messages import ControlMessage
 from shared.protocol.openai import BatchError
 from shared.settings import KafkaSettings
 from shared.storage import ObjectNotFound, ObjectStore
-from shared.stores.batches import BatchStore, DispatchView
+from shared.stores.batches import BatchStore
+from shared.stores.dispatch_queue import DispatchQueueStore, DispatchView
 from shared.stores.files import FileStore
 from shared.topics import inference_group, requests_topic
 
@@ -74,10 +75,11 @@ class Dispatcher:
         self.clock = clock
         self.leases = LeaseStore(mongo.dispatch_leases, owner, settings.lease_ttl_s)
         self.positions = PositionStore(mongo.dispatch_positions)
+        self.queue = DispatchQueueStore(mongo.batches)
         self.probe = GroupProbe(make_admin(kafka))
         self.sender = LineSender(producer, kafka)
         self.announcer = ControlAnnouncer(producer, kafka)
-        self.recovery = Recovery(batches, store, self.sender, settings)
+        self.recovery = Recovery(self.queue, store, self.sender, settings)
         self.batches: dict[str, QueuedState] = {}
         self.models: dict[str, ModelState] = {}
         self._ensured: set[str] = set()
@@ -217,7 +219,7 @@ class Dispatcher:
 
     async def _refresh(self, now: float) -> None:
         self._refresh_now, self._refreshed_at = False, now
-        views = await self.batch_store.dispatch_queue()
+        views = await self.queue.views()
         fresh = [v for v in views if v.unit not in self.batches and (v.model or v.part is not None)]
         if fresh:
             await self._add(fresh, now)
@@ -233,7 +235,7 @@ class Dispatcher:
         positions = await self.positions.load([v.unit for v in views])
         keys = await self.files.object_keys(list({v.input_file_id for v in views}))
         # A batch resumed after a broker loss: its lines with a stored result are not sent again.
-        answered = await self.batch_store.seen_lines([v.batch_id for v in views if v.resumed])
+        answered = await self.queue.seen_lines([v.batch_id for v in views if v.resumed])
         for view in views:
             key = keys.get(view.input_file_id)
             if key is None:
@@ -468,7 +470,7 @@ class Dispatcher:
         answered = 0
         for batch in [b for b in self.batches.values() if b.model == REFUSALS]:
             if batch.status == "cancelling" and not batch.settled and await self._refusals_counted(batch):
-                await self.batch_store.settle_dispatch(batch.batch_id, batch.part, batch.parts)
+                await self.queue.settle_dispatch(batch.batch_id, batch.part, batch.parts)
                 batch.settled = True
             if not batch.dispatchable(now) or batch.remaining <= 0:
                 continue
@@ -494,7 +496,7 @@ class Dispatcher:
         as ``batch_cancelled`` at its end): one read of the order's head, on a cancel only."""
         if batch.position.sent == 0:
             return True
-        seen = (await self.batch_store.seen_lines([batch.batch_id])).get(batch.batch_id)
+        seen = (await self.queue.seen_lines([batch.batch_id])).get(batch.batch_id)
         if seen is None:
             return False
         p = batch.position
@@ -517,7 +519,7 @@ class Dispatcher:
             await self.positions.save(batch.unit, batch.position)
             batch.dirty, batch.saved_at = False, now
             if batch.position.done and not batch.emitted:
-                await self.batch_store.mark_emitted(batch.batch_id, batch.part, batch.parts)
+                await self.queue.mark_emitted(batch.batch_id, batch.part, batch.parts)
                 batch.emitted = True
                 await batch.close_cursor()
 

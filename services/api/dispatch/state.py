@@ -16,7 +16,7 @@ from services.api.dispatch.reader import InputCursor, InputLine, scan
 from shared.protocol.messages import SamplingDefaults
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key
-from shared.stores.batches import DispatchView, dispatch_unit
+from shared.stores.dispatch_queue import DispatchView, dispatch_unit
 
 REFUSALS = ""
 """The model of a mixed batch's part whose lines name no served model: the dispatcher answers
@@ -79,7 +79,7 @@ class QueuedState:
 
     @property
     def unit(self) -> str:
-        """The batch's id, or its part's (``shared.stores.batches.dispatch_unit``)."""
+        """The batch's id, or its part's (``shared.stores.dispatch_queue.dispatch_unit``)."""
         return dispatch_unit(self.batch_id, self.part)
 
     @property

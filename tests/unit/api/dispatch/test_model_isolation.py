@@ -29,7 +29,7 @@ class FakeClockValue:
 
 def dispatcher(clock: FakeClockValue) -> Dispatcher:
     """A dispatcher whose stores are never reached: the round's steps are replaced below."""
-    mongo: Any = SimpleNamespace(dispatch_leases=None, dispatch_positions=None)
+    mongo: Any = SimpleNamespace(batches=None, dispatch_leases=None, dispatch_positions=None)
     return Dispatcher(
         mongo=mongo,
         batches=None,  # type: ignore[arg-type]
