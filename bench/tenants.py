@@ -29,7 +29,7 @@ the dispatcher's order alone decides who gets it. The instant engine has no capa
 model on this CPU shares both cores with the flood's uploads and validation, so its ratio would
 mostly measure that. The fake engine runs every line the worker holds at once, so the worker's
 own choice of which held line gets a place on the engine (by project, then batch:
-``services/inference/places.py``) is not exercised; ``--tenants-engine vllm`` runs the tiny
+``services/inference/engine_places.py``) is not exercised; ``--tenants-engine vllm`` runs the tiny
 model, where it is.
 
 Only the public HTTP API is used (httpx), so the benchmark runs on any version of the api.

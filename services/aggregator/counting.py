@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.aggregator import metrics
-from services.aggregator.batches import BatchDirectory
+from services.aggregator.batch_directory import BatchDirectory
 from services.aggregator.finalize import FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState

@@ -11,7 +11,7 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from services.aggregator.batches import BatchDirectory
+from services.aggregator.batch_directory import BatchDirectory
 from services.aggregator.counting import ChunkProcessor, ChunkWriter, CountsFlusher
 from services.aggregator.finalize import Finalizer, FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig

@@ -26,7 +26,7 @@ from services.inference.engine import (
     error_answer,
     refuse_before_running,
 )
-from services.inference.runs import RunRegistry
+from services.inference.run_registry import RunRegistry
 from services.inference.settings import default
 from shared.protocol.batch_input import ScoreBody
 from shared.protocol.messages import TokenUsage

@@ -57,7 +57,7 @@ from services.inference.engine import (
     error_body,
     refuse_before_running,
 )
-from services.inference.runs import RunRegistry
+from services.inference.run_registry import RunRegistry
 from services.inference.settings import InferenceSettings
 from shared.protocol.messages import TokenUsage
 

@@ -1,4 +1,4 @@
-"""Which line runs on the engine next, and which make way: the places (``places.py``) and the
+"""Which line runs on the engine next, and which make way: the places (``engine_places.py``) and the
 aborts that carry out their decisions.
 
 At most the engine's ``max_running`` lines run on it and ``engine_queue_lines`` more wait inside
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from services.inference import metrics
 from services.inference.engine import Engine
-from services.inference.places import EnginePlaces
+from services.inference.engine_places import EnginePlaces
 from services.inference.settings import InferenceSettings, default
 from shared.ids import new_id
 
@@ -88,7 +88,7 @@ class EngineScheduler:
         ``project`` is the batch's (a batch line that names none shares one project with the
         others that name none; a direct request's is ignored); ``again``: a run again after a
         preemption (not counted as a line started). The place's priority is vLLM's, the line's
-        ``turn`` (``places.py``): its batch's other lines on the engine, scaled by its project's
+        ``turn`` (``engine_places.py``): its batch's other lines on the engine, scaled by its project's
         batches there (its queue order for the young lines let in over the limit, and for
         ``engine_queue_lines``). A young line's place is made by aborting others (``preempted``
         says which: they should run again)."""

@@ -79,7 +79,7 @@ class BatchProgressStore:
     async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
         """Ids of batches that must end now although lines may lack results (expiry sweep).
 
-        The filter form of ``services/aggregator/closing.close_reason``, plus batches left
+        The filter form of ``services/aggregator/overdue.close_reason``, plus batches left
         ``finalizing`` for ``cancel_timeout_s`` (the finalize ends them ``completed``).
         """
         query = {

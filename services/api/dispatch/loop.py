@@ -3,7 +3,7 @@
 Each round, for every model with queued batches whose lease this replica holds: read the group's
 backlog (``meter``), ask the policy how to split what the topic may take (``policy``), read those
 lines from the input files in object storage (``reader``), publish one ``RequestMessage`` per line,
-record each line's partition and offset (``journey``) and advance the batch's position
+record each line's partition and offset (``sent_lines``) and advance the batch's position
 (``positions``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
 consumed but never answered are sent again (``recovery``). The batch service marks a validated batch
 ``dispatchable`` and wakes the loop; cancelled and expired batches simply stop being dispatched.
@@ -22,7 +22,6 @@ from aiokafka import AIOKafkaProducer
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from services.api.dispatch import metrics
-from services.api.dispatch.journey import JourneyBook
 from services.api.dispatch.lease import LeaseStore
 from services.api.dispatch.meter import Backlog, GroupProbe
 from services.api.dispatch.order import Affinity, OrderCursor
@@ -31,6 +30,7 @@ from services.api.dispatch.positions import Position, PositionStore
 from services.api.dispatch.reader import InputLine
 from services.api.dispatch.recovery import Recovery
 from services.api.dispatch.sender import LineSender, Refused
+from services.api.dispatch.sent_lines import JourneyBook
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import REFUSALS, ModelState, QueuedState, Sending
 from services.api.service.announcer import ControlAnnouncer
@@ -246,7 +246,7 @@ class Dispatcher:
             self.batches[state.unit] = state
             if state.model == REFUSALS:
                 continue  # answered here, never on Kafka's requests topics
-            # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
+            # Lines an earlier dispatcher sent: their offsets are unknown here (sent_lines.py).
             book = self._model(state.model).book
             book.doubt(state.batch_id, position.line, position.byte, position.sent, now)
 

@@ -1,4 +1,4 @@
-"""Acting on the journey books (``journey.py``): lost lines sent again, cancels settled.
+"""Acting on the journey books (``sent_lines.py``): lost lines sent again, cancels settled.
 
 Every ``journey_check_seconds``, for each model this replica dispatches: read the ``seen_lines`` of
 the batches with lines past the group's commit, send again those overdue without a result (a

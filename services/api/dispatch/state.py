@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from services.api.dispatch.journey import JourneyBook, SentLine
 from services.api.dispatch.meter import Backlog
 from services.api.dispatch.order import Affinity, OrderCursor, scan_order
 from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, SendRate
 from services.api.dispatch.positions import Position
 from services.api.dispatch.reader import InputCursor, InputLine, scan
+from services.api.dispatch.sent_lines import JourneyBook, SentLine
 from shared.protocol.messages import SamplingDefaults
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key

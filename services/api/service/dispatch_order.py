@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from services.api.prompt_keys import BLOCK_BYTES, DIGEST, KEY_BYTES, MAX_BLOCKS, prefix_key, shared_blocks
-from services.api.spill import SortedRuns
+from services.api.sorted_runs import SortedRuns
 from shared.input_lines import InputLine
 from shared.storage import ObjectStore, dispatch_order_key
 

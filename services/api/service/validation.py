@@ -22,7 +22,7 @@ from pydantic_core import to_json
 from services.api.prompt_keys import prompt_text
 from services.api.quotas.limits import ModelUse, estimate_tokens
 from services.api.service.dispatch_order import RUN_BYTES, OrderBuilder, PartOrders
-from services.api.spill import SortedRuns
+from services.api.sorted_runs import SortedRuns
 from shared import media
 from shared.errors import echo
 from shared.input_lines import InputLine

@@ -45,7 +45,7 @@ class BatchDirectory:
         return summary
 
     async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
-        """Ids of batches that must end now although lines may lack results (see closing.py)."""
+        """Ids of batches that must end now although lines may lack results (see overdue.py)."""
         return await self._progress.overdue(now, cancel_timeout_s, limit)
 
     def cached(self, batch_id: str) -> BatchSummary | None:
