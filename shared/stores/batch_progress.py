@@ -18,7 +18,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from shared import lifecycle
 from shared.documents import PROGRESS_SAMPLES
-from shared.stores.dispatch_queue import dispatch_unit
+from shared.stores.dispatcher import dispatch_unit
 
 Document = dict[str, Any]
 

@@ -1,7 +1,7 @@
 """The ``batches`` collection's records and status changes: the api's reads and writes of a
 batch document, the quotas' and the console's views, and every move of a batch's status.
 
-Two more stores own the fields of one role each: the dispatcher's (``dispatch_queue.py``) and
+Two more stores own the fields of one role each: the dispatcher's (``dispatcher.py``) and
 the aggregator's (``batch_progress.py``).
 
 Status changes are named operations (start, fail, request_cancel, finalizing, finish) guarded by

@@ -21,7 +21,7 @@ from shared.protocol.openai import BatchError, FileObject, ModelCard
 from shared.seen_lines import SeenLines
 from shared.stores.batch_progress import BatchProgressStore, LiveCounts
 from shared.stores.batches import MIXED, BatchStore
-from shared.stores.dispatch_queue import DispatchQueueStore
+from shared.stores.dispatcher import DispatchQueueStore
 from shared.stores.files import FileStore
 from shared.stores.models import WORKER_FORGOTTEN_S, ModelStore
 from tests.support.fresh_mongo import fresh_mongo

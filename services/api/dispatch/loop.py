@@ -4,7 +4,7 @@ Each round, for every model with queued batches whose lease this replica holds: 
 backlog (``meter``), ask the policy how to split what the topic may take (``policy``), read those
 lines from the input files in object storage (``reader``), publish one ``RequestMessage`` per line,
 record each line's partition and offset (``sent_lines``) and advance the batch's position
-(``positions``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
+(``PositionStore``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
 consumed but never answered are sent again (``recovery``). The batch service marks a validated batch
 ``dispatchable`` and wakes the loop; cancelled and expired batches simply stop being dispatched.
 """
@@ -21,11 +21,9 @@ from aiokafka import AIOKafkaProducer
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from services.api.dispatch import metrics
-from services.api.dispatch.lease import LeaseStore
 from services.api.dispatch.meter import GroupProbe
 from services.api.dispatch.order import OrderCursor
 from services.api.dispatch.policy import QueuedBatch, at_risk
-from services.api.dispatch.positions import Position, PositionStore
 from services.api.dispatch.recovery import Recovery
 from services.api.dispatch.refusals import Refusals
 from services.api.dispatch.sender import LineSender, Refused
@@ -39,7 +37,7 @@ from shared.protocol.openai import BatchError
 from shared.settings import KafkaSettings
 from shared.storage import ObjectNotFound, ObjectStore
 from shared.stores.batches import BatchStore
-from shared.stores.dispatch_queue import DispatchQueueStore, DispatchView
+from shared.stores.dispatcher import DispatchQueueStore, DispatchView, LeaseStore, Position, PositionStore
 from shared.stores.files import FileStore
 from shared.topics import inference_group, requests_topic
 

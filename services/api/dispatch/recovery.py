@@ -18,7 +18,7 @@ from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import ModelState, QueuedState, Sending
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore
-from shared.stores.dispatch_queue import DispatchQueueStore
+from shared.stores.dispatcher import DispatchQueueStore
 
 log = logging.getLogger(__name__)
 

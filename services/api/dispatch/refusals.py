@@ -17,7 +17,7 @@ from services.api.dispatch.sender import LineSender, Refused
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import REFUSALS, QueuedState, Sending
 from shared.storage import ObjectStore
-from shared.stores.dispatch_queue import DispatchQueueStore
+from shared.stores.dispatcher import DispatchQueueStore
 
 log = logging.getLogger(__name__)
 

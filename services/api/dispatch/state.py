@@ -10,14 +10,13 @@ from typing import Any
 from services.api.dispatch.meter import Backlog
 from services.api.dispatch.order import Affinity, OrderCursor, scan_order
 from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, SendRate
-from services.api.dispatch.positions import Position
 from services.api.dispatch.reader import InputCursor, InputLine, scan
 from services.api.dispatch.sent_lines import JourneyBook, SentLine
 from services.api.dispatch.settings import DispatchSettings
 from shared.protocol.messages import SamplingDefaults
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key
-from shared.stores.dispatch_queue import DispatchView, dispatch_unit
+from shared.stores.dispatcher import DispatchView, Position, dispatch_unit
 
 REFUSALS = ""
 """The model of a mixed batch's part whose lines name no served model: the dispatcher answers
@@ -80,7 +79,7 @@ class QueuedState:
 
     @property
     def unit(self) -> str:
-        """The batch's id, or its part's (``shared.stores.dispatch_queue.dispatch_unit``)."""
+        """The batch's id, or its part's (``shared.stores.dispatcher.dispatch_unit``)."""
         return dispatch_unit(self.batch_id, self.part)
 
     @property

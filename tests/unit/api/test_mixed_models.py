@@ -9,7 +9,7 @@ from typing import Any
 
 from services.api.service.dispatch_order import NO_GROUPS, PartOrders, read_entries
 from services.api.service.validation import InputValidator, ValidationReport
-from shared.stores.dispatch_queue import DispatchView
+from shared.stores.dispatcher import DispatchView
 from shared.stores.models import ServedModel
 from tests.support.lines import file_request_lines
 

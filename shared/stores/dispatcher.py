@@ -1,8 +1,25 @@
-"""The api's dispatch queue in the ``batches`` collection: what the dispatcher reads of each
-validated batch, and what it writes back (every line sent, every sent line answered).
+"""The api dispatcher's stored state: its queue in the ``batches`` collection, each batch's
+position in ``dispatch_positions``, each model's lease in ``dispatch_leases``.
 
-The batch's records and its status changes are ``shared/stores/batches.py``'s; this store reads
-and writes only the dispatcher's fields.
+**The queue.** What the dispatcher reads of each validated batch (``DispatchView``), and what it
+writes back (every line sent, every sent line answered). The batch's records and its status
+changes are ``shared/stores/batches.py``'s; this store reads and writes only the dispatcher's
+fields.
+
+**Positions.** Where each batch's input has been dispatched up to, persisted so a new
+dispatcher resumes there: ``{_id: batch_id, line, byte, sent}``; ``line``/``byte`` name the next
+input line not yet on Kafka (for a batch in prefix order: the next entry of its order), ``sent``
+counts request lines dispatched. That every line went is the batch document's ``emitted`` (its one
+record; ``Position.done`` is its copy in memory). A position is written only after its lines were
+acknowledged by the broker, and only forwards (a stale dispatcher cannot move it back). A resumed
+batch sends again at most the lines dispatched since the last write; the aggregator counts a line
+once. Written at most once per ``position_flush_s`` per batch: never per line.
+
+**Leases.** One active dispatcher per model across api replicas: ``{_id: model, owner,
+expires_at}``. The owner renews it; anyone takes it once it has expired (a killed replica's lease
+lapses after ``ttl_s``), and a replica shutting down releases its leases at once, so a takeover
+takes one renew period. Two dispatchers may overlap for a moment around a takeover: both may send
+a line, and the aggregator counts it once.
 """
 
 from __future__ import annotations
@@ -12,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
 
 from shared import lifecycle
 from shared.seen_lines import SeenLines
@@ -138,3 +156,76 @@ class DispatchQueueStore:
         """The aggregator's seen-lines bitmaps of these batches, as last flushed."""
         found = self._batches.find({"_id": {"$in": list(batch_ids)}}, {"seen_lines": 1})
         return {str(d["_id"]): SeenLines.from_compressed(d.get("seen_lines")) async for d in found}
+
+
+# ------------------------------------------------------------------------------------ positions
+
+
+@dataclass
+class Position:
+    line: int = 1
+    byte: int = 0
+    sent: int = 0
+    done: bool = False  # every line sent: the batch's ``emitted``, not stored here
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any] | None, done: bool = False) -> Position:
+        if not doc:
+            return cls(done=done)
+        return cls(int(doc["line"]), int(doc["byte"]), int(doc.get("sent", 0)), done)
+
+
+class PositionStore:
+    def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
+        self._positions = collection
+
+    async def load(self, batch_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The stored positions of these batches (``Position.from_document`` reads one)."""
+        found = self._positions.find({"_id": {"$in": batch_ids}})
+        return {doc["_id"]: doc async for doc in found}
+
+    async def save(self, batch_id: str, position: Position) -> None:
+        stored = {"line": position.line, "byte": position.byte, "sent": position.sent}
+        try:
+            await self._positions.update_one(
+                {"_id": batch_id, "line": {"$lt": position.line}}, {"$set": stored}, upsert=True
+            )
+        except DuplicateKeyError:  # already as far or further: keep it
+            pass
+
+    async def forget(self, batch_ids: list[str]) -> None:
+        if batch_ids:
+            await self._positions.delete_many({"_id": {"$in": batch_ids}})
+
+
+# --------------------------------------------------------------------------------------- leases
+
+
+class LeaseStore:
+    def __init__(self, collection: AsyncCollection[dict[str, Any]], owner: str, ttl_s: float) -> None:
+        self._leases = collection
+        self.owner = owner
+        self.ttl_s = ttl_s
+
+    async def hold(self, model: str, now: float) -> bool:
+        """Take or renew the model's lease; False while another live owner holds it."""
+        try:
+            await self._leases.update_one(
+                {"_id": model, "$or": [{"owner": self.owner}, {"expires_at": {"$lt": now}}]},
+                {"$set": {"owner": self.owner, "expires_at": now + self.ttl_s}},
+                upsert=True,
+            )
+        except DuplicateKeyError:  # the document exists, held by someone else
+            return False
+        return True
+
+    async def release(self, models: list[str]) -> None:
+        """Let another replica take over at once (clean shutdown)."""
+        if models:
+            await self._leases.update_many(
+                {"_id": {"$in": models}, "owner": self.owner}, {"$set": {"expires_at": 0.0}}
+            )
+
+    async def owner_of(self, model: str) -> str | None:
+        doc = await self._leases.find_one({"_id": model})
+        return None if doc is None else str(doc.get("owner"))
