@@ -33,14 +33,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.aggregator import metrics
-from services.aggregator.batch_directory import BatchDirectory
 from services.aggregator.finalize import FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.protocol.messages import CountedResult, read_result, result_values
 from shared.result_chunks import encode_chunk
 from shared.storage import ObjectStore, result_chunk_prefix
-from shared.stores.batch_progress import BatchProgressStore, LiveCounts
+from shared.stores.batch_progress import BatchDirectory, BatchProgressStore, LiveCounts
 
 PROGRESS_MIN_INTERVAL_S = 1.0
 """At most one progress sample per batch per this many seconds."""

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from services.aggregator import metrics
-from services.aggregator.batch_directory import BatchDirectory
 from services.aggregator.chunks import merge_and_split
 from services.aggregator.overdue import close_reason, write_fill
 from services.aggregator.settings import AggregatorConfig
@@ -37,6 +36,7 @@ from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
 from shared.result_chunks import UsageByModel
 from shared.storage import ObjectNotFound, ObjectStore, batch_prefix, file_key, result_chunk_prefix
+from shared.stores.batch_progress import BatchDirectory
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from services.aggregator.batch_directory import BatchDirectory
 from services.aggregator.counting import ChunkProcessor, ChunkWriter, CountsFlusher
 from services.aggregator.finalize import Finalizer, FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
@@ -20,7 +19,7 @@ from shared.kafka import key_partition
 from shared.mongo import Mongo
 from shared.settings import MongoSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
-from shared.stores.batch_progress import BatchProgressStore
+from shared.stores.batch_progress import BatchDirectory, BatchProgressStore
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.webhooks import WebhookEventStore

@@ -1,6 +1,6 @@
-"""The aggregator's progress in the ``batches`` collection: the few fields it reads per batch,
-the live counts it flushes, the batches that must end now, and a batch run again after a broker
-loss.
+"""The aggregator's progress in the ``batches`` collection: the few fields it reads per batch
+(``BatchSummary``, cached by ``BatchDirectory`` so it is read once per batch), the live counts it
+flushes, the batches that must end now, and a batch run again after a broker loss.
 
 The batch's records and its status changes (``finalizing``, ``finish``) are
 ``shared/stores/batches.py``'s.
@@ -9,15 +9,17 @@ The batch's records and its status changes (``finalizing``, ``finish``) are
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
 from shared import lifecycle
-from shared.documents import PROGRESS_SAMPLES
+from shared.documents import PROGRESS_SAMPLES, BatchDocument
+from shared.stores.batches import BatchStore
 from shared.stores.dispatcher import dispatch_unit
 
 Document = dict[str, Any]
@@ -170,3 +172,53 @@ class BatchProgressStore:
         if not (doc or {}).get("mixed_models"):
             return [batch_id]
         return [dispatch_unit(batch_id, i) for i in range(len(parts))]
+
+
+class BatchDirectory:
+    """An LRU cache of ``BatchSummary`` in front of the batch store (``batch_cache_size`` entries)."""
+
+    def __init__(self, batches: BatchStore, progress: BatchProgressStore, max_entries: int) -> None:
+        self._batches = batches
+        self._progress = progress
+        self._max = max_entries
+        self._cache: OrderedDict[str, BatchSummary] = OrderedDict()
+
+    async def get(self, batch_id: str) -> BatchSummary | None:
+        info = self._cache.get(batch_id)
+        if info is not None and info.settled:
+            self._cache.move_to_end(batch_id)
+            return info
+        return await self.refresh(batch_id)
+
+    async def stored(self, batch_id: str) -> BatchDocument | None:
+        """The whole batch document (a resumed batch's stored counts)."""
+        return await self._batches.get(batch_id)
+
+    async def resumed_ids(self) -> list[str]:
+        return await self._progress.resumed_ids()
+
+    async def refresh(self, batch_id: str) -> BatchSummary | None:
+        summary = await self._progress.summary(batch_id)
+        if summary is None:
+            self._cache.pop(batch_id, None)
+            return None
+        self._put(summary)
+        return summary
+
+    async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
+        """Ids of batches that must end now although lines may lack results (see overdue.py)."""
+        return await self._progress.overdue(now, cancel_timeout_s, limit)
+
+    def cached(self, batch_id: str) -> BatchSummary | None:
+        return self._cache.get(batch_id)
+
+    def mark(self, batch_id: str, status: str) -> None:
+        info = self._cache.get(batch_id)
+        if info is not None:
+            self._put(replace(info, status=status))
+
+    def _put(self, info: BatchSummary) -> None:
+        self._cache[info.batch_id] = info
+        self._cache.move_to_end(info.batch_id)
+        while len(self._cache) > self._max:
+            self._cache.popitem(last=False)

@@ -12,7 +12,6 @@ FAUST_FREE = [
     "intake",
     "counting",
     "state",
-    "batch_directory",
     "finalize",
     "chunks",
     "overdue",
