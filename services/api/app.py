@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
 
+from services.api.announcer import ControlAnnouncer
 from services.api.body_limit import BodyLimit
 from services.api.deps import ApiServices
 from services.api.dispatch.loop import Dispatcher
@@ -25,7 +26,6 @@ from services.api.quotas.settings import QuotaSettings
 from services.api.routes import batches, files, health, limits, models, partial, views
 from services.api.routes.console import install_console
 from services.api.routes.health import MetricsServer
-from services.api.service.announcer import ControlAnnouncer
 from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
+from services.api.announcer import ControlAnnouncer
 from services.api.dispatch import metrics
 from services.api.dispatch.meter import GroupProbe
 from services.api.dispatch.order import OrderCursor
@@ -29,7 +30,6 @@ from services.api.dispatch.refusals import Refusals
 from services.api.dispatch.sender import LineSender, Refused
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import REFUSALS, ModelState, QueuedState, Sending
-from services.api.service.announcer import ControlAnnouncer
 from shared.kafka import ensure_topics, make_admin
 from shared.mongo import Mongo
 from shared.protocol.messages import ControlMessage

@@ -1,19 +1,47 @@
-"""The dispatcher's side of a batch's dispatch order: reading it, and where its groups go.
+"""A batch's dispatch order as the dispatcher reads it: the order object's format, reading it,
+and where its groups go.
 
-Validation writes the order object (``services/api/service/dispatch_order.py``); ``OrderCursor``
-reads it front to back like the input, and ``Affinity`` sends a prefix group's lines to the
-partition (worker) whose cache already holds the prefix.
+Validation writes the order object (``services/api/service/dispatch_order.py``): each request
+line behind a ``HEADER``. ``OrderCursor`` reads it front to back like the input, and ``Affinity``
+sends a prefix group's lines to the partition (worker) whose cache already holds the prefix.
 """
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
-from services.api.service.dispatch_order import HEADER, OrderEntry, read_entries
 from shared.input_lines import InputLine
 from shared.kafka import key_partition
 from shared.storage import ObjectStore
+
+# Before each line of the order: input byte offset, length, line number, group id (0: none), rank.
+HEADER = struct.Struct("<QIIQI")
+
+
+@dataclass(frozen=True, slots=True)
+class OrderEntry:
+    start: int  # the line's byte offset in the input file
+    length: int
+    number: int
+    group: int  # 0: the line shares no long prefix
+    rank: int  # its place within the group
+    raw: bytes = b""
+
+
+def read_entries(data: bytes) -> tuple[list[OrderEntry], int]:
+    """The whole entries at the front of ``data``, and how many bytes they took."""
+    entries: list[OrderEntry] = []
+    at, size = 0, HEADER.size
+    while len(data) - at >= size:
+        start, length, number, group, rank = HEADER.unpack_from(data, at)
+        if len(data) - at - size < length:
+            break
+        entries.append(OrderEntry(start, length, number, group, rank, data[at + size : at + size + length]))
+        at += size + length
+    return entries, at
 
 
 class OrderCursor:

@@ -16,12 +16,12 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pymongo.errors import ConnectionFailure
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
+from services.api.announcer import ControlAnnouncer
 from services.api.dispatch.loop import Dispatcher
 from services.api.dispatch.settings import DispatchSettings
 from services.api.quotas.limits import ModelUse
 from services.api.quotas.service import QuotaService
 from services.api.schemas import BatchCreateParams
-from services.api.service.announcer import ControlAnnouncer
 from services.api.service.dispatch_order import NO_GROUPS, OrderBuilder, PartOrders, save_order, save_parts
 from services.api.service.files import FileService, page
 from services.api.service.idempotency import CreateDeduplicator

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from services.api.dispatch.order import HEADER
 from services.api.prompt_keys import BLOCK_BYTES, DIGEST, KEY_BYTES, MAX_BLOCKS, prefix_key, shared_blocks
 from services.api.sorted_runs import SortedRuns
 from shared.input_lines import InputLine
@@ -49,8 +50,6 @@ RUN_BYTES = 4 * 1024 * 1024
 """Memory for the records sorted at a time. Validating 1,000,000 lines (custom_id check and
 order) in a process of its own grew its RSS by 19 MiB at 4 MiB and 35 MiB at 8 MiB, in the same
 16 s (2026-12-06)."""
-# Before each line of the order: input byte offset, length, line number, group id (0: none), rank.
-HEADER = struct.Struct("<QIIQI")
 # What the sorts compare, packed big-endian so that the bytes compare as the values do.
 _KEYED = struct.Struct(f">I{KEY_BYTES}sIQI")  # tag, prefix key, number, start, length
 # The tag, the group's first number, the line's key up to what it shares with a neighbour,
@@ -270,32 +269,6 @@ def _group_id(head: bytes, common: int, size: int) -> int:
     if size < 2 or common < 1:
         return 0
     return int.from_bytes(head[(common - 1) * DIGEST : common * DIGEST], "big") or 1
-
-
-# ----------------------------------------------------------------------------- the order object
-
-
-@dataclass(frozen=True, slots=True)
-class OrderEntry:
-    start: int  # the line's byte offset in the input file
-    length: int
-    number: int
-    group: int  # 0: the line shares no long prefix
-    rank: int  # its place within the group
-    raw: bytes = b""
-
-
-def read_entries(data: bytes) -> tuple[list[OrderEntry], int]:
-    """The whole entries at the front of ``data``, and how many bytes they took."""
-    entries: list[OrderEntry] = []
-    at, size = 0, HEADER.size
-    while len(data) - at >= size:
-        start, length, number, group, rank = HEADER.unpack_from(data, at)
-        if len(data) - at - size < length:
-            break
-        entries.append(OrderEntry(start, length, number, group, rank, data[at + size : at + size + length]))
-        at += size + length
-    return entries, at
 
 
 async def save_order(store: ObjectStore, batch_id: str, input_key: str, order: OrderBuilder) -> bool:

@@ -9,9 +9,9 @@ from typing import cast
 
 import pytest
 
-from services.api.dispatch.order import Affinity, OrderCursor, scan_order
+from services.api.dispatch.order import HEADER, Affinity, OrderCursor, OrderEntry, read_entries, scan_order
 from services.api.prompt_keys import prefix_key, prompt_text, shared_blocks
-from services.api.service.dispatch_order import HEADER, OrderBuilder, OrderEntry, OrderStats, read_entries
+from services.api.service.dispatch_order import OrderBuilder, OrderStats
 from shared.input_lines import InputLine
 from shared.storage import ObjectStore
 
