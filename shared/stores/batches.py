@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pymongo import DESCENDING
 from pymongo.asynchronous.collection import AsyncCollection
@@ -26,7 +26,6 @@ from shared import lifecycle
 from shared.documents import BatchDocument
 from shared.lifecycle import BatchStatus
 from shared.protocol.openai import BatchError, BatchErrors
-from shared.webhooks import EventRecorder
 
 Document = dict[str, Any]
 
@@ -46,8 +45,14 @@ def _now() -> int:
     return int(time.time())
 
 
+class EndRecorder(Protocol):
+    """Records an ended batch's webhook event: ``shared.webhooks.EventRecorder``."""
+
+    async def batch_ended(self, batch_id: str, project: str, status: BatchStatus) -> None: ...
+
+
 class BatchStore:
-    def __init__(self, collection: AsyncCollection[Document], events: EventRecorder | None = None) -> None:
+    def __init__(self, collection: AsyncCollection[Document], events: EndRecorder | None = None) -> None:
         """``events``: records each ended batch's webhook event (None: no events)."""
         self._batches = collection
         self._events = events

@@ -148,7 +148,7 @@ async def test_batch_failed_is_recorded_when_recording_failed_once_after_the_mov
 ) -> None:
     endpoints = {"hooked": WebhookEndpoint(url="http://127.0.0.1:1/hooks", secret=SECRET)}
     flaky = RecorderFailingOnceFake(EventRecorder(events, endpoints))
-    batches = BatchStore(mongo.batches, flaky)  # type: ignore[arg-type]
+    batches = BatchStore(mongo.batches, flaky)
     store = ObjectStore(stand_ins.storage_settings())
     settings = ApiSettings(process_attempts=3, process_retry_wait_s=0.01)
     files = FileService(FileStore(mongo.files), batches, store, settings)
