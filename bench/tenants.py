@@ -26,7 +26,7 @@ and at most ``--tenants-places`` run at once (``BATCHSTREAM_INFERENCE_FAKE_MAX_R
 vLLM's ``max_num_seqs``), so the model serves a fixed number of lines per second whatever else the
 cores do, as a GPU would. That capacity is what the two projects share. As with vLLM, the worker
 holds sixteen times as many lines as the engine has places, and gives each freed place to the
-project, then the batch, with the fewest lines on the engine (``services/inference/places.py``):
+project, then the batch, with the fewest lines on the engine (``services/inference/engine_places.py``):
 the lines the dispatcher keeps ahead in the topic wait in the worker, where a new batch's go
 first. The instant engine has no capacity to share (its batches are bound by the plumbing's CPU,
 which fairness does not apportion); the tiny vLLM model (``--tenants-engine vllm``) on this CPU

@@ -22,7 +22,7 @@ Batch internal fields:
 - ``seen_lines``: the aggregator's seen-lines bitmap (zlib-compressed bytes, bit ``n - 1`` for
   line ``n``), written with its batched counts flush; the dispatcher reads it to find lost lines.
 - ``resumed``: set when the batch was resumed after the broker lost its messages
-  (``BatchStore.resume``): its counts restart from those its stored result chunks give, the
+  (``BatchProgressStore.resume``): its counts restart from those its stored result chunks give, the
   dispatcher does not send the lines ``seen_lines`` marks, the aggregator counts on from them.
 - ``parts``: a mixed-models batch's lines by the base model whose workers run them, set at
   validation: ``[{model, lines}]``; part ``i``'s lines, in dispatch order, are the object

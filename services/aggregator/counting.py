@@ -33,7 +33,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.aggregator import metrics
-from services.aggregator.batches import BatchDirectory
 from services.aggregator.completion_rate import CompletionRates
 from services.aggregator.finalize import FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
@@ -41,7 +40,7 @@ from services.aggregator.state import BatchState
 from shared.protocol.messages import CountedResult, read_result, result_values
 from shared.result_chunks import encode_chunk
 from shared.storage import ObjectStore, result_chunk_prefix
-from shared.stores.batches import BatchStore, LiveCounts
+from shared.stores.batch_progress import BatchDirectory, BatchProgressStore, LiveCounts
 
 PROGRESS_MIN_INTERVAL_S = 1.0
 """At most one progress sample per batch per this many seconds."""
@@ -224,7 +223,10 @@ class CountsFlusher:
     """
 
     def __init__(
-        self, batches: BatchStore, states: Mapping[str, Any], clock: Callable[[], float] = time.monotonic
+        self,
+        batches: BatchProgressStore,
+        states: Mapping[str, Any],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._batches = batches
         self._states = states

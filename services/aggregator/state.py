@@ -88,7 +88,7 @@ class BatchState:
 
     @classmethod
     def resumed(cls, batch: BatchDocument) -> BatchState:
-        """The state a resumed batch counts on from (``BatchStore.resume``): its stored counts,
+        """The state a resumed batch counts on from (``BatchProgressStore.resume``): its stored counts,
         usage and lines with a result, as tallied from its chunks."""
         return cls(
             completed=batch.request_counts.completed,

@@ -17,7 +17,7 @@ import sys
 from services.inference.consumer import FatalConsumerError, RequestConsumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.engine import Engine, ReportsReadiness
-from services.inference.engines import open_engine
+from services.inference.engine_factory import open_engine
 from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
 from services.inference.heartbeat import heartbeat_forever

@@ -33,7 +33,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 
 from services.inference import metrics
 from services.inference.handler import RequestHandler
-from services.inference.intake import Answer, Refusal, ReplyTopicProbe, RequestIntake, Run, echo
+from services.inference.intake import Publish, Refusal, ReplyTopicProbe, RequestIntake, Run, echo
 from services.inference.offsets import OffsetTracker
 from services.inference.publisher import ResultPublisher, Undeliverable
 from services.inference.settings import InferenceSettings, default
@@ -297,7 +297,7 @@ class RequestConsumer:
                 await self._dead_letter(record, refusal, where)
         self.offsets.finish(partition, record.offset, epoch)
 
-    async def _outcome(self, record: ConsumerRecord[Any, Any], where: str) -> Answer | Refusal:
+    async def _outcome(self, record: ConsumerRecord[Any, Any], where: str) -> Publish | Refusal:
         """The message's answer (run on the engine when the intake says so), or its refusal."""
         verdict = self.intake.judge(record)
         if isinstance(verdict, Refusal):
@@ -309,13 +309,13 @@ class RequestConsumer:
                     verdict.message.request_id if isinstance(verdict, Run) else verdict.result.request_id
                 )
                 return Refusal("reply_undeliverable", problem, request_id, verdict.reply_topic)
-        if isinstance(verdict, Answer):
+        if isinstance(verdict, Publish):
             return verdict
         message = verdict.message
         if log.isEnabledFor(logging.DEBUG):
             context = {"batch_id": message.batch_id, "custom_id": message.custom_id, "at": where}
             log.debug("running request", extra=context)
-        return Answer(await self.handler.handle(message), verdict.reply_topic)
+        return Publish(await self.handler.handle(message), verdict.reply_topic)
 
     async def _dead_letter(self, record: ConsumerRecord[Any, Any], refusal: Refusal, where: str) -> None:
         metrics.DEAD_LETTERS.labels(reason=refusal.reason).inc()

@@ -23,10 +23,10 @@ from services.inference.engine import (
     RESPONSES,
     SCORE,
     Answer,
+    RunRegistry,
     error_answer,
     refuse_before_running,
 )
-from services.inference.runs import RunRegistry
 from services.inference.settings import default
 from shared.protocol.batch_input import ScoreBody
 from shared.protocol.messages import TokenUsage

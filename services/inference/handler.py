@@ -214,17 +214,27 @@ class RequestHandler:
             self._count(answer)
             return answered(message, answer, message.request_id)
         try:
-            run_id, answer = await self.scheduler.run(
-                message.batch_id,
-                partial(self._answer, message),
-                cancelled=partial(self.control.cancelled, message.batch_id),
-                project=message.project,
-            )
+            run_id, answer = await self._run(message)
         except RequestAborted:  # cancel_batch aborted it: a cancelled batch's line
             metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, LineError.not_run("batch_cancelled"))
         self._count(answer)
         return answered(message, answer, run_id)
+
+    async def _run(self, message: RequestLike) -> tuple[str, Answer]:
+        """The line in a place on the engine (``scheduler.py``), the engine's answer, and the id
+        of the run that gave it. A run aborted to make room for a young line runs again in a new
+        place unless its batch is cancelled; any other ``RequestAborted`` passes through."""
+        again = False
+        while True:
+            async with self.scheduler.place(message.batch_id, message.project, again) as place:
+                try:
+                    return place.run_id, await self._answer(message, place.run_id, place.priority)
+                except RequestAborted:
+                    if not self.scheduler.preempted(place.run_id) or self.control.cancelled(message.batch_id):
+                        raise
+                    metrics.PREEMPTED.inc()
+            again = True
 
     async def _answer(self, message: RequestLike, run_id: str, priority: int) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that

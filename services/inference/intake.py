@@ -60,7 +60,7 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Answer:
+class Publish:
     """Publish ``result`` without running anything (an invalid or unverified message)."""
 
     result: ResultMessage
@@ -91,7 +91,7 @@ class Refusal:
         )
 
 
-Verdict = Run | Answer | Refusal
+Verdict = Run | Publish | Refusal
 
 
 class RequestIntake:
@@ -146,7 +146,7 @@ class RequestIntake:
             return refusal
         stub = RequestMessage.model_construct(request_id=message.request_id, custom_id=message.custom_id)
         error = LineError(code=BATCH_NOT_VERIFIED_CODE, message=BATCH_NOT_VERIFIED_MESSAGE)
-        return Answer(never_ran(stub, error), message.reply_topic)
+        return Publish(never_ran(stub, error), message.reply_topic)
 
     def _invalid(
         self, record: ConsumerRecord[Any, Any], raw: dict[str, Any], exc: pydantic.ValidationError
@@ -176,7 +176,7 @@ class RequestIntake:
             line=line if verified and isinstance(line, int) else None,
         )
         error = LineError(code="invalid_request", message=f"Invalid request message: {detail}")
-        return Answer(never_ran(stub, error), reply_topic)
+        return Publish(never_ran(stub, error), reply_topic)
 
 
 def echo(value: Any) -> str | None:

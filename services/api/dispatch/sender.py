@@ -28,8 +28,8 @@ from aiokafka.errors import (
 )
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from services.api.dispatch.journey import LOST_CODE, SentLine
 from services.api.dispatch.reader import InputLine
+from services.api.dispatch.sent_lines import LOST_CODE, SentLine
 from services.api.dispatch.state import QueuedState
 from shared import ids
 from shared.errors import echo

@@ -19,9 +19,10 @@ import orjson
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from services.api.dispatch.order import RUN_BYTES, OrderBuilder, PartOrders, expected_length, prompt_text
+from services.api.prompt_keys import prompt_text
 from services.api.quotas.limits import ModelUse, estimate_tokens
-from services.api.spill import SortedRuns
+from services.api.service.dispatch_order import RUN_BYTES, OrderBuilder, PartOrders, expected_length
+from services.api.sorted_runs import SortedRuns
 from shared import media
 from shared.errors import echo
 from shared.input_lines import InputLine

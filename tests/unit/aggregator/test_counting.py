@@ -10,7 +10,7 @@ from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.kafka import encode
 from shared.protocol.messages import ResponsePayload, ResultMessage
-from shared.stores.batches import BatchSummary
+from shared.stores.batch_progress import BatchSummary
 
 
 def raw(batch_id: str | None, line: int, status: int = 200) -> bytes:

@@ -9,22 +9,9 @@ from typing import cast
 
 import pytest
 
-from services.api.dispatch.order import (
-    HEADER,
-    LONGEST,
-    SHORT,
-    Affinity,
-    OrderBuilder,
-    OrderCursor,
-    OrderEntry,
-    OrderStats,
-    expected_length,
-    prefix_key,
-    prompt_text,
-    read_entries,
-    scan_order,
-    shared_blocks,
-)
+from services.api.dispatch.order import HEADER, Affinity, OrderCursor, OrderEntry, read_entries, scan_order
+from services.api.prompt_keys import prefix_key, prompt_text, shared_blocks
+from services.api.service.dispatch_order import LONGEST, SHORT, OrderBuilder, OrderStats, expected_length
 from shared.input_lines import InputLine
 from shared.storage import ObjectStore
 

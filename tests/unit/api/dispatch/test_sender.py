@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from services.api.dispatch.positions import Position
 from services.api.dispatch.sender import LineSender
 from services.api.dispatch.state import QueuedState
 from shared.input_lines import InputLine
 from shared.protocol.messages import SamplingDefaults, read_plain_request
+from shared.stores.dispatcher import Position
 
 
 def test_a_batch_lines_message_names_its_batch_and_project() -> None:
