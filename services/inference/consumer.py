@@ -27,6 +27,7 @@ import logging
 import time
 from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -285,7 +286,7 @@ class RequestConsumer:
                 error = LineError(
                     code=RESULT_TOO_LARGE_CODE, message=RESULT_TOO_LARGE_MESSAGE.format(detail=exc)
                 )
-                failed = outcome.result.model_copy(update={"response": None, "usage": None, "error": error})
+                failed = msgspec.structs.replace(outcome.result, response=None, usage=None, error=error)
                 await self.publisher.publish(failed, self.results_topic, group=True, where=where)
         else:
             try:

@@ -28,12 +28,13 @@ from services.inference.scheduler import EngineScheduler
 from services.inference.settings import InferenceSettings, default
 from shared import media
 from shared.protocol.messages import (
-    DefaultsLike,
     LineError,
     NotRunCode,
-    RequestLike,
+    RequestDefaults,
+    RequestMessage,
     ResponsePayload,
     ResultMessage,
+    raw_json,
 )
 from shared.retries import RetryRule, first_then_retrying
 from shared.settings import MediaSettings
@@ -46,7 +47,7 @@ _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 _MAX_OUTPUT_FIELD = "max_output_tokens"  # a Responses body's name for it
 
 
-def apply_defaults(url: str, body: dict[str, Any], defaults: DefaultsLike | None) -> None:
+def apply_defaults(url: str, body: dict[str, Any], defaults: RequestDefaults | None) -> None:
     """Fill sampling fields the body does not set (in place). Embeddings, score and rerank take
     none of them."""
     if defaults is None or url not in GENERATE_ENDPOINTS:
@@ -64,7 +65,7 @@ def apply_defaults(url: str, body: dict[str, Any], defaults: DefaultsLike | None
         body["max_tokens"] = defaults.max_decoding_length
 
 
-def context_limit(body: dict[str, Any], defaults: DefaultsLike | None) -> int | None:
+def context_limit(body: dict[str, Any], defaults: RequestDefaults | None) -> int | None:
     """The prompt + output cap: the body's ``max_context_length`` (removed) or the batch's."""
     own = body.pop("max_context_length", None)
     if isinstance(own, int) and not isinstance(own, bool) and own > 0:
@@ -72,7 +73,7 @@ def context_limit(body: dict[str, Any], defaults: DefaultsLike | None) -> int | 
     return defaults.max_context_length if defaults else None
 
 
-def never_ran(message: RequestLike, error: LineError) -> ResultMessage:
+def never_ran(message: RequestMessage, error: LineError) -> ResultMessage:
     """A result for a line that was not run (expired, cancelled, or not a valid request)."""
     return ResultMessage(
         request_id=message.request_id,
@@ -84,7 +85,7 @@ def never_ran(message: RequestLike, error: LineError) -> ResultMessage:
     )
 
 
-def answered(message: RequestLike, answer: Answer, run_id: str) -> ResultMessage:
+def answered(message: RequestMessage, answer: Answer, run_id: str) -> ResultMessage:
     """The result of a line the engine answered, or that was refused before it ran (as the
     engine would refuse it: a status and an error body)."""
     return ResultMessage(
@@ -93,7 +94,7 @@ def answered(message: RequestLike, answer: Answer, run_id: str) -> ResultMessage
         batch_id=message.batch_id,
         line=message.line,
         usage=answer.usage,
-        response=ResponsePayload(status_code=answer.status, request_id=run_id, body=answer.body),
+        response=ResponsePayload(status_code=answer.status, request_id=run_id, body=raw_json(answer.body)),
         error=None,
     )
 
@@ -187,7 +188,7 @@ class RequestHandler:
         are its lines waiting for a place."""
         await self.scheduler.cancel(batch_id)
 
-    def _never_run_reason(self, message: RequestLike) -> NotRunCode | None:
+    def _never_run_reason(self, message: RequestMessage) -> NotRunCode | None:
         if self.control.cancelled(message.batch_id):
             return "batch_cancelled"
         deadline = message.expires_at or self.control.expires_at(message.batch_id)
@@ -195,7 +196,7 @@ class RequestHandler:
             return "batch_expired"
         return None
 
-    async def handle(self, message: RequestLike) -> ResultMessage:
+    async def handle(self, message: RequestMessage) -> ResultMessage:
         """Never raises for a bad request.
 
         Raises ``CancelledError`` when the awaiting task is cancelled (a shutdown): such a
@@ -224,7 +225,7 @@ class RequestHandler:
         self._count(answer)
         return answered(message, answer, run_id)
 
-    async def _answer(self, message: RequestLike, run_id: str, priority: int) -> Answer:
+    async def _answer(self, message: RequestMessage, run_id: str, priority: int) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
         may pass; after the last try, its last 5xx answer (or a 500 for an exception). Raises
         ``RequestAborted`` when the line's batch is cancelled, or the scheduler preempts the run,
