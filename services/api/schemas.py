@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from shared.protocol.messages import SamplingDefaults
+from shared.protocol.openai import COMPLETION_WINDOW
 
 
 class ExpiresAfter(BaseModel):
@@ -25,7 +26,7 @@ class BatchCreateParams(SamplingDefaults):
     input_file_id: str
     # Optional with these defaults, as in the batch API batchstream replaces (OpenAI requires both).
     endpoint: str = "/v1/chat/completions"
-    completion_window: str = "24h"
+    completion_window: str = COMPLETION_WINDOW
     metadata: Any = None
     output_expires_after: ExpiresAfter | None = None
     # batchstream's extension: higher runs first among the model's queued batches (docs/dispatcher.md).

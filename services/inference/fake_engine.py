@@ -34,7 +34,7 @@ from shared.protocol.messages import TokenUsage
 FAKE_TEXT = "ok"
 EMBEDDING_DIM = 8
 # The field each endpoint's request cannot do without (what vLLM's request models require).
-_REQUIRED = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input", RESPONSES: "input"}
+_REQUIRED: dict[str, str] = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input", RESPONSES: "input"}
 
 
 class FakeEngine:

@@ -33,7 +33,14 @@ from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.messages import ControlMessage
-from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
+from shared.protocol.openai import (
+    COMPLETION_WINDOW,
+    COMPLETION_WINDOWS,
+    SUPPORTED_ENDPOINTS,
+    Batch,
+    BatchError,
+    ListObject,
+)
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings, MediaSettings
 from shared.storage import ObjectStore, dispatch_order_key
@@ -52,7 +59,6 @@ DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
 )
 
-COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
@@ -118,7 +124,9 @@ class BatchService:
         window = COMPLETION_WINDOWS.get(params.completion_window)
         if window is None:
             raise InvalidRequest(
-                "completion_window must be '24h'.", param="completion_window", code="invalid_value"
+                f"completion_window must be '{COMPLETION_WINDOW}'.",
+                param="completion_window",
+                code="invalid_value",
             )
         metadata = check_metadata(params.metadata)
         input_file = await self.files.document(project, params.input_file_id)
