@@ -25,7 +25,7 @@ from services.inference.engine import (
     error_answer,
 )
 from services.inference.scheduler import EngineScheduler
-from services.inference.settings import InferenceSettings, default
+from services.inference.settings import InferenceSettings, worker_defaults
 from shared import media
 from shared.protocol.messages import (
     LineError,
@@ -105,9 +105,9 @@ class EngineRetry:
     overloaded, restarting, internal error; or an exception), and how long to wait in between
     (random exponential: ``wait_s`` doubling, at most ``max_wait_s``). A 4xx is never retried."""
 
-    attempts: int = default("engine_attempts")
-    wait_s: float = default("engine_retry_wait_s")
-    max_wait_s: float = default("engine_retry_max_wait_s")
+    attempts: int
+    wait_s: float
+    max_wait_s: float
 
     def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
         """One line's retry loop (what it retries is ``ENGINE_RETRY``); ``context`` names the
@@ -155,28 +155,19 @@ class RequestHandler:
         control: BatchControl | None = None,
         retry: EngineRetry | None = None,
         scheduler: EngineScheduler | None = None,
-        adapter_places: int = default("max_loras"),
         media_domains: frozenset[str] | None = None,
+        settings: InferenceSettings | None = None,
     ) -> None:
+        """The retry, the scheduler and the adapter slots as ``settings`` say (without settings,
+        their defaults) unless given."""
+        settings = settings if settings is not None else worker_defaults()
         self.engine = engine
         self.media_domains = MediaSettings().domains if media_domains is None else media_domains
-        self.adapters = AdapterSlots(adapter_places)
+        self.adapters = AdapterSlots(settings.max_loras)
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
-        self.retry = retry or EngineRetry()
-        self.scheduler = scheduler if scheduler is not None else EngineScheduler(engine)
-
-    @classmethod
-    def from_settings(
-        cls, engine: Engine, settings: InferenceSettings, control: BatchControl
-    ) -> RequestHandler:
-        return cls(
-            engine,
-            control=control,
-            retry=EngineRetry.from_settings(settings),
-            scheduler=EngineScheduler.from_settings(engine, settings),
-            adapter_places=settings.max_loras,
-        )
+        self.retry = retry or EngineRetry.from_settings(settings)
+        self.scheduler = scheduler if scheduler is not None else EngineScheduler(engine, settings)
 
     def stop_waiting(self) -> None:
         """A shutdown: the lines waiting for a place leave without an answer (uncommitted, so
