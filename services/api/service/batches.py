@@ -33,14 +33,7 @@ from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.messages import ControlMessage
-from shared.protocol.openai import (
-    COMPLETION_WINDOW,
-    COMPLETION_WINDOWS,
-    SUPPORTED_ENDPOINTS,
-    Batch,
-    BatchError,
-    ListObject,
-)
+from shared.protocol.openai import Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings, MediaSettings
 from shared.storage import ObjectStore, dispatch_order_key
@@ -115,19 +108,7 @@ class BatchService:
     async def create(
         self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
     ) -> Batch:
-        if params.endpoint not in SUPPORTED_ENDPOINTS:
-            raise InvalidRequest(
-                f"Unsupported endpoint {echo(params.endpoint)}; expected one of {list(SUPPORTED_ENDPOINTS)}.",
-                param="endpoint",
-                code="invalid_value",
-            )
-        window = COMPLETION_WINDOWS.get(params.completion_window)
-        if window is None:
-            raise InvalidRequest(
-                f"completion_window must be '{COMPLETION_WINDOW}'.",
-                param="completion_window",
-                code="invalid_value",
-            )
+        window = params.checked_window_s()
         metadata = check_metadata(params.metadata)
         input_file = await self.files.document(project, params.input_file_id)
         if input_file.purpose != "batch":
