@@ -24,10 +24,10 @@ CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK = SUPPORTED_ENDPOINTS
 GENERATE_ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, RESPONSES)
 """The endpoints a generative model serves (the others run on the pooling runner)."""
 
-COMPLETION_WINDOWS: dict[str, int] = {"24h": 24 * 3600}
-"""The completion windows a batch may ask for, in seconds (OpenAI's one window)."""
-(COMPLETION_WINDOW,) = COMPLETION_WINDOWS
-"""The default (and only) completion window."""
+COMPLETION_WINDOW = "24h"
+"""A batch's completion window when it names none: OpenAI's one window."""
+COMPLETION_WINDOWS: dict[str, int] = {COMPLETION_WINDOW: 24 * 3600}
+"""The completion windows a batch may ask for, in seconds."""
 
 
 class FileBase(BaseModel):
