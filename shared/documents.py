@@ -52,7 +52,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.protocol.messages import SamplingDefaults
-from shared.protocol.openai import Batch, BatchBase, FileBase, FileObject
+from shared.protocol.openai import COMPLETION_WINDOW, Batch, BatchBase, FileBase, FileObject
 
 PROGRESS_SAMPLES = 600
 """How many progress samples a batch document keeps (the newest)."""
@@ -79,7 +79,7 @@ class StoredDocument(BaseModel):
 
 class BatchDocument(StoredDocument, BatchBase):
     # The stored documents' default; the API's Batch always carries the window given at create.
-    completion_window: str = "24h"
+    completion_window: str = COMPLETION_WINDOW
     project: str = "default"
     defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     sort_key: int = 0

@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from shared.protocol.openai import CHAT, COMPLETIONS, RESPONSES
+
 BLOCK_BYTES = 256
 MAX_BLOCKS = 16  # 4 KiB of a prompt take part in the key
 DIGEST = 4  # CRC-32 of the prefix
@@ -59,14 +61,14 @@ def _messages_text(messages: Any) -> str:
 def prompt_text(url: str, body: dict[str, Any]) -> str | None:
     """The canonical prompt of a line, in the order the engine sees it; None where prefix caching
     does not apply (embeddings, score and rerank run on the pooling runner)."""
-    if url == "/v1/chat/completions":
+    if url == CHAT:
         tools = body.get("tools")
         head = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode() + "\x1d" if tools else ""
         return head + _messages_text(body.get("messages"))
-    if url == "/v1/completions":
+    if url == COMPLETIONS:
         prompt = body.get("prompt")
         return prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()
-    if url == "/v1/responses":
+    if url == RESPONSES:
         instructions = body.get("instructions")
         head = f"{instructions}\x1d" if isinstance(instructions, str) else ""
         return head + _messages_text(body.get("input"))

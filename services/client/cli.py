@@ -43,6 +43,7 @@ from services.client.output import (
     when,
 )
 from shared.protocol.messages import SamplingDefaults
+from shared.protocol.openai import COMPLETION_WINDOW
 
 app = typer.Typer(
     name="batchstream",
@@ -110,7 +111,9 @@ def submit_command(
         typer.Option("--errors", "-e", help="Where the error lines go (default: FILE.errors.jsonl)."),
     ] = None,
     endpoint: Annotated[str, typer.Option(help="The batch's endpoint.")] = "/v1/chat/completions",
-    completion_window: Annotated[str, typer.Option(help="The batch's completion window.")] = "24h",
+    completion_window: Annotated[
+        str, typer.Option(help="The batch's completion window.")
+    ] = COMPLETION_WINDOW,
     metadata: Annotated[
         list[str] | None, typer.Option("--metadata", "-m", help="KEY=VALUE; repeat for more.")
     ] = None,

@@ -37,15 +37,15 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from shared.protocol.messages import TokenUsage
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-EMBEDDINGS = "/v1/embeddings"
-RESPONSES = "/v1/responses"
-# vLLM's extensions for a cross-encoder on the pooling runner (its ``/score`` and ``/rerank``).
-SCORE = "/v1/score"
-RERANK = "/v1/rerank"
-GENERATE_ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
+from shared.protocol.openai import (  # noqa: F401 (the endpoints the contract serves, listed there)
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    GENERATE_ENDPOINTS,
+    RERANK,
+    RESPONSES,
+    SCORE,
+)
 
 
 @dataclass(frozen=True, slots=True)

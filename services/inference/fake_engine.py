@@ -34,7 +34,12 @@ from shared.protocol.messages import TokenUsage
 FAKE_TEXT = "ok"
 EMBEDDING_DIM = 8
 # The field each endpoint's request cannot do without (what vLLM's request models require).
-_REQUIRED = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input", RESPONSES: "input"}
+REQUIRED_FIELD: dict[str, str] = {
+    CHAT: "messages",
+    COMPLETIONS: "prompt",
+    EMBEDDINGS: "input",
+    RESPONSES: "input",
+}
 
 
 class FakeEngine:
@@ -99,7 +104,7 @@ class FakeEngine:
         simulated engine's output lengths)."""
         if url in (SCORE, RERANK):
             return self._scores(url, body, request_id)
-        required = _REQUIRED[url]
+        required = REQUIRED_FIELD[url]
         if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
             return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
         prompt_tokens = _count_tokens(body[required]) + _count_tokens(body.get("instructions"))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from services.inference import metrics
 from services.inference.engine import Engine
 from services.inference.engine_places import EnginePlaces
-from services.inference.settings import InferenceSettings, default
+from services.inference.settings import InferenceSettings, worker_defaults
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -42,35 +42,23 @@ class Place:
 class EngineScheduler:
     """Runs each line in a place on one engine; the one owner of which lines are on it."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        young_batch_lines: int = default("young_batch_lines"),
-        engine_queue_lines: int = default("engine_queue_lines"),
-        young_batch_others_share: float = default("young_batch_others_share"),
-    ) -> None:
-        """``engine_queue_lines`` as the setting: -1 is as many as the engine runs."""
+    def __init__(self, engine: Engine, settings: InferenceSettings | None = None) -> None:
+        """Places for the engine's lines as ``settings`` size them (``engine_queue_lines`` -1:
+        as many as the engine runs); without settings, their defaults."""
+        settings = settings if settings is not None else worker_defaults()
         self.engine = engine
         running = engine.max_running
-        queued = running if engine_queue_lines < 0 else engine_queue_lines
-        beside_young = int(running * young_batch_others_share)
-        if young_batch_others_share > 0:
+        queued = running if settings.engine_queue_lines < 0 else settings.engine_queue_lines
+        share = settings.young_batch_others_share
+        beside_young = int(running * share)
+        if share > 0:
             beside_young = max(beside_young, 1)  # a small engine keeps one place for the others
         self.places = EnginePlaces(
             running and running + queued,
-            young_batch_lines,
-            beside_young if young_batch_others_share < 1 else None,
+            settings.young_batch_lines,
+            beside_young if share < 1 else None,
         )
         metrics.WAITING_FOR_PLACE.set_function(self.places.waiting)  # read at each scrape
-
-    @classmethod
-    def from_settings(cls, engine: Engine, settings: InferenceSettings) -> EngineScheduler:
-        return cls(
-            engine,
-            young_batch_lines=settings.young_batch_lines,
-            engine_queue_lines=settings.engine_queue_lines,
-            young_batch_others_share=settings.young_batch_others_share,
-        )
 
     def running(self, batch_id: str) -> int:
         """The batch's lines on the engine."""

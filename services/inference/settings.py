@@ -240,6 +240,13 @@ class InferenceSettings(BaseSettings):
         return self.max_in_flight or IN_FLIGHT_PER_PLACE * self.max_num_seqs
 
 
+def worker_defaults() -> InferenceSettings:
+    """``InferenceSettings`` as they are when nothing is set (no environment read): what an
+    object built without the worker's settings (in a test) is given, so it behaves like the
+    worker's."""
+    return InferenceSettings.model_construct()
+
+
 def default(field: str) -> Any:
     """``InferenceSettings``' default for ``field``: what a constructor's parameter defaults to,
     so an object built without the settings (in a test) behaves like the worker's."""

@@ -51,10 +51,10 @@ from services.inference.engine import (
     RESPONSES,
     SCORE,
     Answer,
+    RunRegistry,
     refuse_before_running,
 )
-from services.inference.fake_engine import FakeEngine
-from services.inference.runs import RunRegistry
+from services.inference.fake_engine import REQUIRED_FIELD, FakeEngine
 from services.inference.settings import default
 
 BLOCK_TOKENS = 16
@@ -358,9 +358,6 @@ def output_length(body: dict[str, Any], room: int, prompt: list[str]) -> int:
 # ----------------------------------------------------------------------------------------- engine
 
 
-_REQUIRED = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input", RESPONSES: "input"}
-
-
 class SimEngine:
     """The engine contract over a ``SimGpu`` that runs in scaled wall time."""
 
@@ -422,7 +419,7 @@ class SimEngine:
             )
             target = 0
         else:
-            prompt = prompt_words(body.get(_REQUIRED[url])) + prompt_words(body.get("instructions"))
+            prompt = prompt_words(body.get(REQUIRED_FIELD[url])) + prompt_words(body.get("instructions"))
             target = output_length(body, limit - len(prompt), prompt) if url in GENERATE_ENDPOINTS else 0
         answer = self._answers._answer(url, body, request_id, max_context_length, max(1, target))
         if not answer.ok:

@@ -19,6 +19,15 @@ Endpoint = Literal[
     "/v1/rerank",
 ]
 SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
+"""The one list of the endpoints a batch line may name; the names below are its members."""
+CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK = SUPPORTED_ENDPOINTS
+GENERATE_ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, RESPONSES)
+"""The endpoints a generative model serves (the others run on the pooling runner)."""
+
+COMPLETION_WINDOW = "24h"
+"""A batch's completion window when it names none: OpenAI's one window."""
+COMPLETION_WINDOWS: dict[str, int] = {COMPLETION_WINDOW: 24 * 3600}
+"""The completion windows a batch may ask for, in seconds."""
 
 
 class FileBase(BaseModel):

@@ -13,7 +13,7 @@ from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, SendRate
 from services.api.dispatch.reader import InputCursor, InputLine, scan
 from services.api.dispatch.sent_lines import JourneyBook, SentLine
 from services.api.dispatch.settings import DispatchSettings
-from shared.protocol.messages import SamplingDefaults
+from shared.protocol.messages import RequestDefaults, SamplingDefaults, message_defaults
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key
 from shared.stores.dispatcher import DispatchView, Position, dispatch_unit
@@ -87,9 +87,9 @@ class QueuedState:
         return dispatch_order_key(self.batch_id, self.part)
 
     @cached_property
-    def defaults_json(self) -> dict[str, Any]:
+    def message_defaults(self) -> RequestDefaults | None:
         """The defaults as each request message carries them (computed once per batch)."""
-        return self.defaults.model_dump()
+        return message_defaults(self.defaults)
 
     @property
     def remaining(self) -> int:

@@ -33,7 +33,7 @@ from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.messages import ControlMessage
-from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
+from shared.protocol.openai import Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings, MediaSettings
 from shared.storage import ObjectStore
@@ -52,7 +52,6 @@ DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
 )
 
-COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
@@ -110,17 +109,7 @@ class BatchService:
     async def create(
         self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
     ) -> Batch:
-        if params.endpoint not in SUPPORTED_ENDPOINTS:
-            raise InvalidRequest(
-                f"Unsupported endpoint {echo(params.endpoint)}; expected one of {list(SUPPORTED_ENDPOINTS)}.",
-                param="endpoint",
-                code="invalid_value",
-            )
-        window = COMPLETION_WINDOWS.get(params.completion_window)
-        if window is None:
-            raise InvalidRequest(
-                "completion_window must be '24h'.", param="completion_window", code="invalid_value"
-            )
+        window = params.checked_window_s()
         metadata = check_metadata(params.metadata)
         input_file = await self.files.document(project, params.input_file_id)
         if input_file.purpose != "batch":

@@ -51,6 +51,7 @@ from services.api.dispatch.order import HEADER
 from services.api.prompt_keys import BLOCK_BYTES, DIGEST, KEY_BYTES, MAX_BLOCKS, prefix_key, shared_blocks
 from services.api.sorted_runs import SortedRuns
 from shared.input_lines import InputLine
+from shared.protocol.openai import CHAT, COMPLETIONS, RESPONSES
 from shared.storage import ObjectStore, dispatch_order_key
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ LONGEST = 0xFFFFFFFF
 SHORT = 1
 """The expected length of a line that generates nothing (embeddings, score, rerank)."""
 _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
-_GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+_GENERATING = frozenset({CHAT, COMPLETIONS, RESPONSES})
 RUN_TABLE_BUFFER = 64 * 1024
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pydantic_core import to_json
 
-from services.api.dispatch.order import OrderBuilder, read_entries
+from services.api.dispatch.order import read_entries
+from services.api.service.dispatch_order import OrderBuilder
 from services.api.service.validation import CustomIdCheck, InputValidator, ValidationReport, listed
 from shared.errors import ECHO_CHARS
 from shared.protocol.openai import BatchError
