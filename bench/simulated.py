@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.inference.sim_engine import (
+from services.inference.sim_gpu import (
     PROFILE,
     SimGpu,
     SimSequence,

@@ -12,11 +12,11 @@ import statistics
 import pytest
 
 from services.inference.engine import CHAT, EMBEDDINGS
-from services.inference.sim_engine import (
+from services.inference.sim_engine import SimEngine
+from services.inference.sim_gpu import (
     BLOCK_TOKENS,
     PROFILE,
     PUBLISHED,
-    SimEngine,
     SimGpu,
     SimSequence,
     output_length,
