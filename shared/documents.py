@@ -33,6 +33,8 @@ Batch internal fields:
 - ``enqueued``: ``{model: {lines, tokens}}``, the batch's lines per model they name and their
   estimated prompt tokens, set at validation with ``enqueued_at`` (nanoseconds); the api's
   quotas count them down as lines get results (services/api/quotas/limits.py).
+- ``api``: the API the batch was created through and is shown by: ``openai`` (``/v1/batches``)
+  or ``anthropic`` (``/v1/messages/batches``, shared/protocol/anthropic.py).
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
   of them (the console's plot of lines over time; pushed on the flush's own write).
 
@@ -93,6 +95,7 @@ class BatchDocument(StoredDocument, BatchBase):
     enqueued: dict[str, dict[str, int]] | None = None
     enqueued_at: int | None = None
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
+    api: Literal["openai", "anthropic"] = "openai"
 
     def output_files_expire_at(self) -> int | None:
         """When the output and error files expire: ``output_expires_after`` from its anchor (the

@@ -21,7 +21,7 @@ from services.api.local_copies import LocalCopies, LocalFirstStore
 from services.api.openapi import install_openapi
 from services.api.quotas.service import QuotaService
 from services.api.quotas.settings import QuotaSettings
-from services.api.routes import batches, files, health, limits, models, partial, views
+from services.api.routes import batches, files, health, limits, message_batches, models, partial, views
 from services.api.routes.console import install_console
 from services.api.routes.health import MetricsServer
 from services.api.service.announcer import ControlAnnouncer
@@ -29,6 +29,7 @@ from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
 from services.api.service.keys import KeyRing
+from services.api.service.message_batches import MessageBatchService
 from services.api.service.overview import OverviewService
 from services.api.service.partial import PartialOutputService
 from services.api.service.retry import RetryService
@@ -47,6 +48,7 @@ from shared.settings import (
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.idempotency import IdempotencyStore
+from shared.stores.message_batches import MessageBatchStore
 from shared.stores.models import ModelStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
@@ -110,6 +112,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.retry = RetryService(batch_service, file_service, app.state.partial)
         app.state.files, app.state.batches = file_service, batch_service
         app.state.keys = KeyRing(mongo, api_settings.project_by_key())
+        app.state.message_batches = MessageBatchService(
+            batch_service,
+            file_service,
+            app.state.partial,
+            MessageBatchStore(mongo.batches),
+            model_store,
+            api_settings,
+        )
         dispatcher = Dispatcher(
             mongo=mongo,
             batches=batch_store,
@@ -163,7 +173,7 @@ def create_app() -> FastAPI:
     install_openapi(app)
     app.middleware("http")(_observe)
     app.add_middleware(BodyLimit, settings=ApiSettings())  # outermost: before any body is read
-    for module in (files, batches, partial, views, limits, models, health):
+    for module in (files, batches, message_batches, partial, views, limits, models, health):
         app.include_router(module.router)
     install_console(app)
     return app

@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from shared.protocol.anthropic import MESSAGES  # Anthropic's Messages API, as vLLM serves it
 from shared.protocol.messages import TokenUsage
 
 CHAT = "/v1/chat/completions"
@@ -43,7 +44,7 @@ RESPONSES = "/v1/responses"
 # vLLM's extensions for a cross-encoder on the pooling runner (its ``/score`` and ``/rerank``).
 SCORE = "/v1/score"
 RERANK = "/v1/rerank"
-GENERATE_ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
+GENERATE_ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
 
 
 @dataclass(frozen=True, slots=True)

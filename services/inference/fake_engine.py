@@ -19,6 +19,7 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    MESSAGES,
     RERANK,
     RESPONSES,
     SCORE,
@@ -34,7 +35,13 @@ from shared.protocol.messages import TokenUsage
 FAKE_TEXT = "ok"
 EMBEDDING_DIM = 8
 # The field each endpoint's request cannot do without (what vLLM's request models require).
-_REQUIRED = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input", RESPONSES: "input"}
+_REQUIRED = {
+    CHAT: "messages",
+    COMPLETIONS: "prompt",
+    EMBEDDINGS: "input",
+    RESPONSES: "input",
+    MESSAGES: "messages",
+}
 
 
 class FakeEngine:
@@ -46,7 +53,7 @@ class FakeEngine:
         self,
         model_id: str = "fake-model",
         max_context_length: int = default("max_model_len"),
-        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK),
+        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, SCORE, RERANK),
         seconds_per_token: float = default("fake_seconds_per_token"),
         max_running: int = 0,
         adapters: tuple[str, ...] = (),
@@ -96,6 +103,7 @@ class FakeEngine:
         if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
             return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
         prompt_tokens = _count_tokens(body[required]) + _count_tokens(body.get("instructions"))
+        prompt_tokens += _count_tokens(body.get("system"))
         limit = min(max_context_length or self.max_context_length, self.max_context_length)
         if prompt_tokens > limit:
             return error_answer(
@@ -112,6 +120,8 @@ class FakeEngine:
             return Answer.of(200, self._chat(request_id, usage, model), usage)
         if url == RESPONSES:
             return Answer.of(200, self._response(request_id, usage, model), usage)
+        if url == MESSAGES:
+            return Answer.of(200, self._message(request_id, usage, model), usage)
         return Answer.of(200, self._completion(request_id, usage, model), usage)
 
     def _chat(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
@@ -134,6 +144,18 @@ class FakeEngine:
             "model": model,
             "choices": [choice],
             "usage": _usage_body(usage),
+        }
+
+    def _message(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
+        """An Anthropic Messages answer as vLLM's Messages route sends it (no null fields)."""
+        return {
+            "id": f"chatcmpl-{request_id}",
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": FAKE_TEXT}],
+            "model": model,
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
         }
 
     def _response(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:

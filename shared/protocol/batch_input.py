@@ -98,6 +98,14 @@ class ResponsesBody(RequestBody):
         return value
 
 
+class MessagesBody(RequestBody):
+    """An Anthropic Messages request (vLLM's ``AnthropicMessagesRequest``): ``messages`` and the
+    ``max_tokens`` Anthropic requires."""
+
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    max_tokens: PositiveInt
+
+
 # A score input as vLLM's ``ScoreInput``: a text, or ``{"content": [...]}`` for a multimodal
 # model; or a list of them, which vLLM refuses empty.
 ScoreInput = str | dict[str, Any]
@@ -157,6 +165,7 @@ BODY_BY_ENDPOINT: dict[Endpoint, tuple[type[RequestBody], str]] = {
     "/v1/completions": (CompletionBody, "prompt"),
     "/v1/embeddings": (EmbeddingBody, "input"),
     "/v1/responses": (ResponsesBody, "input"),
+    "/v1/messages": (MessagesBody, "messages"),
     "/v1/score": (ScoreBody, "queries"),
     "/v1/rerank": (RerankBody, "query"),
 }

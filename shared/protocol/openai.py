@@ -14,6 +14,8 @@ Endpoint = Literal[
     "/v1/completions",
     "/v1/embeddings",
     "/v1/responses",
+    # Anthropic's Messages API, as vLLM serves it (a message batch's lines; docs/api.md).
+    "/v1/messages",
     # vLLM's extensions beside OpenAI's: a cross-encoder on the pooling runner scores text pairs.
     "/v1/score",
     "/v1/rerank",

@@ -9,7 +9,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import orjson
 import urllib3
@@ -107,7 +107,11 @@ class BatchService:
         self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
 
     async def create(
-        self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
+        self,
+        project: str,
+        params: BatchCreateParams,
+        idempotency_key: str | None = None,
+        api: Literal["openai", "anthropic"] = "openai",
     ) -> Batch:
         if params.endpoint not in SUPPORTED_ENDPOINTS:
             raise InvalidRequest(
@@ -152,6 +156,7 @@ class BatchService:
             priority=params.priority or 0,
             prefix_order=self.dispatch.prefix_order and params.prefix_order is not False,
             mixed_models=bool(params.mixed_models),
+            api=api,
         )
         release = functools.partial(
             self.dedupe.release, project, params.model_dump(), idempotency_key, batch_id

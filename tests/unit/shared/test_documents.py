@@ -51,6 +51,7 @@ STORED_BATCH_FIELDS = {
     "enqueued",
     "enqueued_at",
     "end_recorded",
+    "api",
 }
 STORED_FILE_FIELDS = {
     "_id",
