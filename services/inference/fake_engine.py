@@ -102,6 +102,8 @@ class FakeEngine:
         required = _REQUIRED[url]
         if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
             return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
+        if url == MESSAGES and not isinstance(body.get("max_tokens"), int):  # Anthropic requires it
+            return error_answer("1 validation error:\n  max_tokens: Field required", param="max_tokens")
         prompt_tokens = _count_tokens(body[required]) + _count_tokens(body.get("instructions"))
         prompt_tokens += _count_tokens(body.get("system"))
         limit = min(max_context_length or self.max_context_length, self.max_context_length)

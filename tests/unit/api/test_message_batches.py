@@ -12,6 +12,7 @@ from services.api.service.message_batches import check_requests
 from shared.documents import BatchDocument
 from shared.errors import InvalidRequest
 from shared.protocol.anthropic import MessageBatchCreateParams, message_batch, result_line, rfc3339
+from shared.protocol.messages import TokenUsage
 from shared.protocol.openai import RequestCounts
 from shared.settings import ApiSettings
 from tests.support.lines import served
@@ -167,3 +168,18 @@ def test_output_and_error_lines_become_anthropic_results() -> None:
         "message": "no such model",
     }
     assert result_line(b"  ") is None
+
+
+def test_a_messages_usage_counts_cached_prompt_tokens_in_the_prompt() -> None:
+    usage = {
+        "input_tokens": 5,
+        "cache_read_input_tokens": 30,
+        "cache_creation_input_tokens": 2,
+        "output_tokens": 4,
+    }
+    counted = TokenUsage.from_body_usage(usage)
+    assert counted is not None
+    assert (counted.prompt_tokens, counted.cached_tokens, counted.completion_tokens) == (37, 30, 4)
+    assert counted.total_tokens == 41
+    plain = TokenUsage.from_body_usage({"input_tokens": 5, "output_tokens": 4})
+    assert plain is not None and (plain.prompt_tokens, plain.cached_tokens, plain.total_tokens) == (5, 0, 9)
