@@ -17,15 +17,20 @@ from shared.errors import AuthenticationFailed
 
 # Declares the bearer scheme in the OpenAPI document, so /docs can authorize; a missing or
 # malformed header is answered by _project in OpenAI's error shape, not by FastAPI's 403.
-_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
+bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
 
 async def _project(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> str:
     key = credentials.credentials.strip() if credentials else ""
+    return await project_of(request, key, "Missing API key: send 'Authorization: Bearer <key>'.")
+
+
+async def project_of(request: Request, key: str, missing: str) -> str:
+    """The project an API key names; 401 saying ``missing`` without a key, or for a wrong one."""
     if not key:
-        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
+        raise AuthenticationFailed(missing)
     project = await request.app.state.keys.project_for(key)
     if project is None:
         raise AuthenticationFailed("Incorrect API key provided.")

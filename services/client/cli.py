@@ -36,6 +36,7 @@ from services.client.batches import (
     wait,
 )
 from services.client.connection import connect
+from services.client.message_batches import download_message_results, submit_messages
 from services.client.progress import BatchProgress
 from shared.protocol.messages import SamplingDefaults
 
@@ -249,6 +250,40 @@ def submit_command(
             markup=False,
             soft_wrap=True,
         )
+    _finish(batch, as_json)
+
+
+@app.command("messages")
+def messages_command(
+    ctx: typer.Context,
+    input_path: Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Where the results go (default: FILE.results.jsonl)."),
+    ] = None,
+    poll: PollFlag = 1.0,
+    wait_for_it: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
+    ] = True,
+    as_json: JsonFlag = False,
+) -> None:
+    """Submit FILE as a message batch (Anthropic's Message Batches API: one `{"custom_id",
+    "params"}` request per line), show its progress, download its results in Anthropic's shape.
+
+    Exits as `submit` does: 0 completed, 1 failed, 3 expired, 4 cancelled, 5 api error (a bad
+    request is named by the api), 130 interrupted.
+    """
+    client = _client(ctx)
+    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
+    output = output or stem.with_name(stem.name + ".results.jsonl")
+    created = submit_messages(client, input_path)
+    if not wait_for_it:
+        _print_json(_as_dict(created)) if as_json else out.print(created.id)
+        return
+    batch = _wait_with_progress(client, created, poll)
+    written = download_message_results(client, batch.id, output)
+    if not as_json:
+        err.print(f"{batch.id} {batch.status}: {written} results to {output}", markup=False, soft_wrap=True)
     _finish(batch, as_json)
 
 

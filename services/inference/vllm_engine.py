@@ -201,6 +201,8 @@ class VllmEngine:
             priority = 0  # vLLM refuses a priority under first-come-first-served scheduling
         serving = self._serve(url, body, request_id, max_context_length, priority)
         answer = await self._runs.run(request_id, serving)
+        if url == MESSAGES and not answer.ok:
+            answer = _anthropic_error(answer)
         if answer.transient and self._client is not None and self._client.errored:
             # e.g. the engine core got the SIGTERM meant for the worker (a signal to the process
             # group): the serving code answers 500, but that is not this request's outcome.
@@ -235,8 +237,7 @@ class VllmEngine:
                 refusal = await self._cap_context(url, request, max_context_length)
                 if refusal is not None:
                     return refusal
-            answer = _to_answer(await self._call(url, request))
-            return _anthropic_error(answer) if url == MESSAGES and not answer.ok else answer
+            return _to_answer(await self._call(url, request))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every failure becomes this line's error record

@@ -14,12 +14,11 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials
 
+from services.api.deps import bearer, project_of
 from services.api.service.message_batches import MessageBatchService
 from services.api.streams import opened
-from shared.errors import AuthenticationFailed
 from shared.protocol.anthropic import (
     AnthropicErrorResponse,
     DeletedMessageBatch,
@@ -55,7 +54,7 @@ async def _anthropic_error(request: Request, exc: Exception) -> Response:
         (request.app.exception_handlers[t] for t in type(exc).__mro__ if t in request.app.exception_handlers),
         None,
     )
-    if found is None or (isinstance(exc, StarletteHTTPException) and exc.status_code < 400):
+    if found is None:
         raise exc
     answer: Response = await found(request, exc)
     detail = orjson.loads(bytes(answer.body)).get("error") or {}
@@ -64,22 +63,21 @@ async def _anthropic_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(body.model_dump(), status_code=answer.status_code, headers=headers)
 
 
-_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="An API key (Anthropic's header).")
-_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
+_api_key = APIKeyHeader(
+    name="x-api-key",
+    scheme_name="AnthropicApiKey",
+    auto_error=False,
+    description="An API key in Anthropic's header: `x-api-key: <key>`.",
+)
 
 
 async def _project(
     request: Request,
     api_key: Annotated[str | None, Depends(_api_key)],
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
     key = (api_key or (credentials.credentials if credentials else "")).strip()
-    if not key:
-        raise AuthenticationFailed("Missing API key: send 'x-api-key: <key>'.")
-    project = await request.app.state.keys.project_for(key)
-    if project is None:
-        raise AuthenticationFailed("Incorrect API key provided.")
-    return str(project)
+    return await project_of(request, key, "Missing API key: send 'x-api-key: <key>'.")
 
 
 def _service(request: Request) -> MessageBatchService:

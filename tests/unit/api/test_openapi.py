@@ -44,7 +44,7 @@ def test_keyed_operations_declare_401_and_the_unkeyed_ones_need_no_key(document:
         if path in {"/health", "/livez", "/readyz", "/metrics"}:
             assert "security" not in op and "401" not in op["responses"], path
         elif path.startswith(MESSAGE_BATCHES):
-            assert op["security"] == [{"APIKeyHeader": []}, {"HTTPBearer": []}], f"{method} {path}"
+            assert op["security"] == [{"AnthropicApiKey": []}, {"HTTPBearer": []}], f"{method} {path}"
             assert "401" in op["responses"], f"{method} {path}"
         else:
             assert op["security"] == [{"HTTPBearer": []}] and "401" in op["responses"], f"{method} {path}"
