@@ -409,7 +409,7 @@ async def test_a_message_batch_runs_with_the_anthropic_sdk(claude: anthropic.Ant
     created = claude.messages.batches.create(requests=[message_request(i) for i in ids])  # type: ignore[misc]
     assert created.type == "message_batch" and created.processing_status == "in_progress"
     assert created.results_url is None and created.ended_at is None
-    assert created.request_counts.processing + created.request_counts.succeeded <= 5
+    assert sum(created.request_counts.model_dump().values()) == 5  # they sum to the requests
     assert created.expires_at - created.created_at == timedelta(hours=24)
 
     done = wait_ended(claude, created.id)
@@ -554,3 +554,41 @@ async def test_a_message_batch_beside_an_openai_batch_on_one_model(
     assert carried.status == "completed"
     output = await read_lines_async(client, carried.output_file_id)
     assert [x["response"]["body"]["type"] for x in output] == ["message"] * 3
+
+
+async def test_a_message_batch_survives_sigkills_of_the_worker_and_the_aggregator(
+    fast_stack: Stack, claude: anthropic.Anthropic
+) -> None:
+    """Every request exactly once in the results, whatever the kills redeliver."""
+    total = 10_000
+    ids = [f"k{n}" for n in range(total)]
+    batch = claude.messages.batches.create(requests=[message_request(i) for i in ids])  # type: ignore[misc]
+
+    def succeeded_at_least(count: int) -> int | None:
+        counts = claude.messages.batches.retrieve(batch.id).request_counts
+        return counts.succeeded if counts.succeeded >= count else None
+
+    def kill(component: str) -> None:
+        pid = fast_stack.pid(component)
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        wait_until(lambda: fast_stack.pid(component) is None, 10, f"{component} gone")
+
+    worker = fast_stack.models[0].component
+    wait_until(lambda: succeeded_at_least(1000), 60, "1,000 requests answered")
+    kill(worker)
+    assert claude.messages.batches.retrieve(batch.id).request_counts.processing > 0  # mid-batch
+    fast_stack.start([worker])  # it rejoins its group while the aggregator is down
+    kill("aggregator")
+    fast_stack.start(["aggregator"])
+
+    done = wait_ended(claude, batch.id, 180)
+    assert done.request_counts.model_dump() == {
+        "processing": 0,
+        "succeeded": total,
+        "errored": 0,
+        "canceled": 0,
+        "expired": 0,
+    }
+    answered = [r.custom_id for r in claude.messages.batches.results(batch.id)]
+    assert len(answered) == total and set(answered) == set(ids)

@@ -89,7 +89,11 @@ class MessageBatchService:
             upload = await self.files.upload(project, spool, size, INPUT_FILENAME, "batch")  # type: ignore[arg-type]
         create = BatchCreateParams(input_file_id=upload.id, endpoint=MESSAGES, mixed_models=True)
         batch = await self.batches.create(project, create, api=ANTHROPIC_API)
-        return await self.get(project, batch.id, results_base)
+        created = await self.get(project, batch.id, results_base)
+        if created.request_counts.processing == 0 and created.processing_status == "in_progress":
+            # Validating: its total is not stored yet, but every request is still to run.
+            created.request_counts.processing = len(params.requests)
+        return created
 
     async def document(self, project: str, batch_id: str) -> BatchDocument:
         """The project's message batch (an OpenAI batch is not one: 404)."""
