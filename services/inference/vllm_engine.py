@@ -21,12 +21,7 @@ import pydantic
 from starlette.datastructures import State
 from starlette.responses import Response
 from vllm.engine.protocol import EngineClient
-from vllm.entrypoints.anthropic.protocol import (
-    AnthropicError,
-    AnthropicErrorResponse,
-    AnthropicMessagesRequest,
-    AnthropicMessagesResponse,
-)
+from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest, AnthropicMessagesResponse
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -59,6 +54,7 @@ from services.inference.engine import (
 )
 from services.inference.runs import RunRegistry
 from services.inference.settings import InferenceSettings
+from shared.protocol.anthropic import AnthropicErrorResponse
 from shared.protocol.messages import TokenUsage
 from shared.settings import MediaSettings
 
@@ -357,10 +353,10 @@ def _to_answer(result: Any) -> Answer:
 
 def _anthropic_error(answer: Answer) -> Answer:
     """An error answer to a Messages request in Anthropic's shape, as vLLM's Messages route
-    translates it (``translate_error_response``)."""
+    translates it (``translate_error_response``), its ``type`` Anthropic's for the status."""
     detail = orjson.loads(answer.body).get("error") or {}
-    error = AnthropicError(type=str(detail.get("type", "")), message=str(detail.get("message", "")))
-    return Answer(answer.status, AnthropicErrorResponse(error=error).model_dump_json().encode(), answer.usage)
+    body = AnthropicErrorResponse.of(answer.status, str(detail.get("message", "")))
+    return Answer(answer.status, body.model_dump_json().encode(), answer.usage)
 
 
 def _usage(usage: Any) -> TokenUsage | None:

@@ -199,10 +199,8 @@ def result_line(raw: bytes) -> bytes | None:
 
 
 def _error_body(status: int, body: Any) -> dict[str, Any]:
-    """An engine's error body in Anthropic's shape: as it is when it has it (vLLM's Messages
-    route answers so), else from OpenAI's envelope (``{"error": {"message", ...}}``)."""
-    if isinstance(body, dict) and body.get("type") == "error":
-        return body
+    """An engine's error body in Anthropic's shape, its ``type`` Anthropic's for the status: from
+    Anthropic's shape (vLLM's Messages route) or OpenAI's envelope (``{"error": {"message"}}``)."""
     detail = body.get("error") if isinstance(body, dict) else None
     message = detail.get("message") if isinstance(detail, dict) else None
     return AnthropicErrorResponse.of(status, str(message or "The request failed.")).model_dump()
