@@ -104,11 +104,35 @@ _ALWAYS = (400, 401, 500, 503)
 router = APIRouter(prefix=PREFIX, tags=["message batches"], route_class=AnthropicRoute)
 
 
-@router.post("", response_model=MessageBatch, responses=_errors(*_ALWAYS, 429))
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A model's JSON Schema with its ``$defs`` written in place (for ``openapi_extra``)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        return [resolve(v) for v in node] if isinstance(node, list) else node
+
+    return resolve(schema)  # type: ignore[no-any-return]
+
+
+# The body is read raw and parsed off the event loop (the service), so it is declared here.
+_CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _inlined(MessageBatchCreateParams.model_json_schema())}},
+    }
+}
+
+
+@router.post("", response_model=MessageBatch, responses=_errors(*_ALWAYS, 429), openapi_extra=_CREATE_BODY)
 async def create_message_batch(
-    project: Project, service: MessageBatches, base: ResultsBase, params: MessageBatchCreateParams
+    project: Project, service: MessageBatches, base: ResultsBase, request: Request
 ) -> MessageBatch:
-    return await service.create(project, params, base)
+    return await service.create(project, await request.body(), base)
 
 
 @router.get("", response_model=MessageBatchList, responses=_errors(*_ALWAYS, 404))

@@ -11,12 +11,13 @@ shape.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import tempfile
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from pydantic import ValidationError
@@ -73,19 +74,15 @@ class MessageBatchService:
         self.settings = settings
         self._not_run: OrderedDict[str, dict[str, int]] = OrderedDict()
 
-    async def create(self, project: str, params: MessageBatchCreateParams, results_base: str) -> MessageBatch:
-        check_requests(params, await self.models.served(), self.settings)
+    async def create(self, project: str, body: bytes, results_base: str) -> MessageBatch:
+        """Create a message batch from the raw request body. Parsing, the requests' checks and
+        writing the input file run in a worker thread: a body of up to
+        ``max_message_batch_bytes`` never holds up the api's other calls."""
+        params = await asyncio.to_thread(parse_create, body)
+        served = await self.models.served()
+        await asyncio.to_thread(check_requests, params, served, self.settings)
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            for request in params.requests:
-                line = {
-                    "custom_id": request.custom_id,
-                    "method": "POST",
-                    "url": MESSAGES,
-                    "body": request.params,
-                }
-                spool.write(orjson.dumps(line) + b"\n")
-            size = spool.tell()
-            spool.seek(0)
+            size = await asyncio.to_thread(_write_lines, params, spool)  # type: ignore[arg-type]
             upload = await self.files.upload(project, spool, size, INPUT_FILENAME, "batch")  # type: ignore[arg-type]
         create = BatchCreateParams(input_file_id=upload.id, endpoint=MESSAGES, mixed_models=True)
         batch = await self.batches.create(project, create, api=ANTHROPIC_API)
@@ -193,6 +190,31 @@ class MessageBatchService:
         if len(self._not_run) > NOT_RUN_CACHE:
             self._not_run.popitem(last=False)
         return counts
+
+
+def _write_lines(params: MessageBatchCreateParams, out: IO[bytes]) -> int:
+    """The requests as batch input lines (``/v1/messages``, ``body`` = ``params``); returns the
+    bytes written, ``out`` rewound."""
+    for request in params.requests:
+        line = {"custom_id": request.custom_id, "method": "POST", "url": MESSAGES, "body": request.params}
+        out.write(orjson.dumps(line) + b"\n")
+    size = out.tell()
+    out.seek(0)
+    return size
+
+
+def parse_create(body: bytes) -> MessageBatchCreateParams:
+    """The create's body (400 naming the field for a body that is not one)."""
+    try:
+        return MessageBatchCreateParams.model_validate(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The request body is not valid JSON.") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(map(str, error["loc"])) or "body"
+        if error["type"] == "extra_forbidden":
+            raise InvalidRequest(f"{where}: Extra inputs are not permitted.", param=where) from None
+        raise InvalidRequest(f"{where}: {error['msg']}.", param=where) from None
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

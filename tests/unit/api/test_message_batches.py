@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from services.api.service.message_batches import check_requests
+from services.api.service.message_batches import check_requests, parse_create
 from shared.documents import BatchDocument
 from shared.errors import InvalidRequest
 from shared.protocol.anthropic import MessageBatchCreateParams, message_batch, result_line, rfc3339
@@ -183,3 +183,26 @@ def test_a_messages_usage_counts_cached_prompt_tokens_in_the_prompt() -> None:
     assert counted.total_tokens == 41
     plain = TokenUsage.from_body_usage({"input_tokens": 5, "output_tokens": 4})
     assert plain is not None and (plain.prompt_tokens, plain.cached_tokens, plain.total_tokens) == (5, 0, 9)
+
+
+@pytest.mark.parametrize(
+    ("body", "said", "param"),
+    [
+        (b"{not json", "The request body is not valid JSON.", None),
+        (b"[]", "body: Input should be a valid dictionary", "body"),
+        (b"{}", "requests: Field required.", "requests"),
+        (b'{"requests": {}}', "requests: Input should be a valid list.", "requests"),
+        (b'{"requests": [], "model": "x"}', "model: Extra inputs are not permitted.", "model"),
+        (
+            b'{"requests": [{"custom_id": "a", "parms": {}}]}',
+            "requests.0.parms: Extra inputs",
+            "requests.0.parms",
+        ),
+    ],
+)
+def test_a_create_body_that_is_not_one_is_refused_naming_the_field(
+    body: bytes, said: str, param: str | None
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse_create(body)
+    assert refused.value.message.startswith(said) and refused.value.param == param
