@@ -60,6 +60,16 @@ err = Console(stderr=True, highlight=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the api's JSON (for scripts).")]
 PollFlag = Annotated[float, typer.Option("--poll", help="Seconds between status checks.", min=0.05)]
+InputFile = Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)]
+WaitFlag = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
+]
+
+
+def _beside(input_path: Path, suffix: str) -> Path:
+    """FILE.<suffix>.jsonl next to FILE (its ``.jsonl`` dropped first)."""
+    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
+    return stem.with_name(f"{stem.name}.{suffix}.jsonl")
 
 
 @dataclass
@@ -180,7 +190,7 @@ def _finish(batch: Batch, as_json: bool) -> NoReturn:
 @app.command("submit")
 def submit_command(
     ctx: typer.Context,
-    input_path: Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)],
+    input_path: InputFile,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="Where the output lines go (default: FILE.output.jsonl)."),
@@ -207,9 +217,7 @@ def submit_command(
         bool, typer.Option(help="Lines may name several models and LoRA adapters (batchstream).")
     ] = False,
     poll: PollFlag = 1.0,
-    wait_for_it: Annotated[
-        bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
-    ] = True,
+    wait_for_it: WaitFlag = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Upload FILE, create a batch, show its progress, download its output and error lines.
@@ -218,9 +226,8 @@ def submit_command(
     failed (every bad input line is listed), 3 expired, 4 cancelled, 5 api error, 130 interrupted.
     """
     client = _client(ctx)
-    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
-    output = output or stem.with_name(stem.name + ".output.jsonl")
-    errors = errors or stem.with_name(stem.name + ".errors.jsonl")
+    output = output or _beside(input_path, "output")
+    errors = errors or _beside(input_path, "errors")
     defaults = SamplingDefaults(
         max_decoding_length=max_decoding_length,
         max_context_length=max_context_length,
@@ -256,15 +263,13 @@ def submit_command(
 @app.command("messages")
 def messages_command(
     ctx: typer.Context,
-    input_path: Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)],
+    input_path: InputFile,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="Where the results go (default: FILE.results.jsonl)."),
     ] = None,
     poll: PollFlag = 1.0,
-    wait_for_it: Annotated[
-        bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
-    ] = True,
+    wait_for_it: WaitFlag = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit FILE as a message batch (Anthropic's Message Batches API: one `{"custom_id",
@@ -274,8 +279,7 @@ def messages_command(
     request is named by the api), 130 interrupted.
     """
     client = _client(ctx)
-    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
-    output = output or stem.with_name(stem.name + ".results.jsonl")
+    output = output or _beside(input_path, "results")
     created = submit_messages(client, input_path)
     if not wait_for_it:
         _print_json(_as_dict(created)) if as_json else out.print(created.id)
