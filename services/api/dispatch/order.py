@@ -50,6 +50,7 @@ import orjson
 from services.api.spill import SortedRuns
 from shared.input_lines import InputLine
 from shared.kafka import key_partition
+from shared.protocol.anthropic import MESSAGES
 from shared.storage import ObjectStore
 
 BLOCK_BYTES = 256
@@ -106,9 +107,11 @@ def _messages_text(messages: Any) -> str:
 def prompt_text(url: str, body: dict[str, Any]) -> str | None:
     """The canonical prompt of a line, in the order the engine sees it; None where prefix caching
     does not apply (embeddings, score and rerank run on the pooling runner)."""
-    if url == "/v1/chat/completions":
+    if url in ("/v1/chat/completions", MESSAGES):
         tools = body.get("tools")
         head = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode() + "\x1d" if tools else ""
+        system = body.get("system") if url == MESSAGES else None  # Messages: rendered first
+        head += f"system\x1f{_content_text(system)}\x1e" if system else ""
         return head + _messages_text(body.get("messages"))
     if url == "/v1/completions":
         prompt = body.get("prompt")
