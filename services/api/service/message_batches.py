@@ -85,7 +85,12 @@ class MessageBatchService:
             size = await asyncio.to_thread(_write_lines, params, spool)  # type: ignore[arg-type]
             upload = await self.files.upload(project, spool, size, INPUT_FILENAME, "batch")  # type: ignore[arg-type]
         create = BatchCreateParams(input_file_id=upload.id, endpoint=MESSAGES, mixed_models=True)
-        batch = await self.batches.create(project, create, api=ANTHROPIC_API)
+        try:
+            batch = await self.batches.create(project, create, api=ANTHROPIC_API)
+        except Exception:  # refused (a quota) or an outage: no input file is left behind
+            with contextlib.suppress(Exception):
+                await self.files.delete(project, upload.id)
+            raise
         created = await self.get(project, batch.id, results_base)
         if created.request_counts.processing == 0 and created.processing_status == "in_progress":
             # Validating: its total is not stored yet, but every request is still to run.
