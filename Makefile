@@ -199,7 +199,7 @@ CHAOS_ARGS ?=
 chaos: venvs
 	$(PY) -m tests.chaos --trials $(TRIALS) $(CHAOS_ARGS)
 
-# Rewrites docs/schemas/*.json from shared/protocol/messages.py (a unit test fails when they drift).
+# Rewrites docs/schemas/*.json from the message Structs in shared/protocol/ (a unit test fails when they drift).
 schemas: $(VENV)/.editable-installed
 	$(PY) -m shared.protocol.schemas
 

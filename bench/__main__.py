@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix|shared|console|tenants]
+"""Run the benchmarks: ``python -m bench [--only parity|pipeline|prefix|shared|console|tenants|tail]
 [options]``
 (``make bench``), or ``python -m bench --only versus --against REV`` (this tree against an older
 commit).
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import console, parity, pipeline, prefix, shared, tenants, versus
+from bench import console, parity, pipeline, prefix, shared, tail, tenants, versus
 from bench.common import default_path, machine
 from deploy.local import REPO_ROOT
 
@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--only",
-        choices=["parity", "pipeline", "prefix", "shared", "console", "tenants", "versus"],
-        help="run one benchmark (versus and tenants: only so)",
+        choices=["parity", "pipeline", "prefix", "shared", "console", "tenants", "tail", "versus"],
+        help="run one benchmark (versus, tenants and tail: only so)",
     )
     parser.add_argument(
         "--inference-python",
@@ -143,12 +143,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipe.add_argument("--small-runs", type=int, default=3, help="runs of the 10-line batch alone")
     pipe.add_argument("--profile", default="none", help="py-spy a service: api, aggregator, inference")
     pipe.add_argument("--share-lines", type=int, default=20_000, help="each project's batch (shares)")
+    tai = parser.add_argument_group("tail (a file of mixed lengths: file order, sorted by hand, batchstream)")
+    tai.add_argument(
+        "--engine",
+        choices=["vllm", "sim"],
+        default="vllm",
+        help="tail, shared and tenants: vLLM (tail: --model-dir, run-batch for the file orders) or "
+        "the simulated GPU (--sim-*; for tenants the same as --tenants-engine sim)",
+    )
+    tai.add_argument("--tail-lines", type=int, default=1_000, help="lines of the generated file")
+    tai.add_argument("--tail-short-tokens", type=int, default=32, help="output tokens of a short line")
+    tai.add_argument("--tail-long-tokens", type=int, default=1_024, help="output tokens of a long line")
+    tai.add_argument(
+        "--tail-beside-lines",
+        type=int,
+        default=0,
+        help="a batch of this many short lines beside batchstream's",
+    )
+    sim = parser.add_argument_group("the simulated GPU (--engine sim, --tenants-engine sim)")
+    sim.add_argument(
+        "--sim-speedup", type=float, default=10.0, help="simulated seconds per wall second on the stack"
+    )
+    sim.add_argument(
+        "--sim-max-num-seqs", type=int, default=256, help="sequences it batches (vLLM's default)"
+    )
+    sim.add_argument("--sim-max-model-len", type=int, default=8_192)
     ten = parser.add_argument_group("tenants (a flooding project beside a well-behaved one)")
     ten.add_argument(
         "--tenants-engine",
-        choices=["paced", "vllm"],
+        choices=["paced", "vllm", "sim"],
         default="paced",
-        help="the fake engine at a fixed pace (default), or the tiny vLLM model (--model-dir)",
+        help="the fake engine at a fixed pace (default), the tiny vLLM model (--model-dir), or the "
+        "simulated GPU (--sim-*)",
     )
     ten.add_argument("--tenants-line-seconds", type=float, default=0.2, help="paced: seconds a line takes")
     ten.add_argument("--tenants-places", type=int, default=64, help="paced: lines the engine runs at once")
@@ -226,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         report["versus"] = versus.run(args)
     if args.only == "tenants":
         report["tenants"] = tenants.run(args)
+    if args.only == "tail":
+        report["tail"] = tail.run(args)
     if args.only in (None, "pipeline"):
         if args.line_bytes is None:
             args.line_bytes = 4_000 if args.lines <= pipeline.YARDSTICK_LINES else 180

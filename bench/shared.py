@@ -1,6 +1,8 @@
 """Shared server: a batch drains through batchstream to a server that also serves live traffic.
 
-``python -m bench --only shared``. One ``vllm serve`` on this machine (``--shared-model-dir``,
+``python -m bench --only shared [--engine sim]``. One ``vllm serve`` on this machine (with
+``--engine sim``, the simulated GPU behind an OpenAI-compatible server, ``bench/sim_server.py``:
+its figures are ratios, docs/benchmarks.md) (``--shared-model-dir``,
 Gemma 3 270M in float32 by default, ``--shared-max-num-seqs`` sequences at once), then:
 
 1. **Capacity.** Batch-shaped requests (``--shared-max-tokens`` output tokens each) sent straight to
@@ -41,6 +43,7 @@ import httpx
 from openai import OpenAI
 
 from bench.common import MongoPoller, median, new_stack, percentile, start_stack, table
+from bench.sim_server import SimServer
 from deploy.local import ModelSpec
 from deploy.local.probes import metric_value, poll_until
 from deploy.local.vllm_serve import VllmServer
@@ -91,11 +94,11 @@ def live_body(i: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def generated(server: VllmServer) -> float:
+def generated(server: VllmServer | SimServer) -> float:
     return metric_value(f"{server.url}/metrics", "vllm:generation_tokens_total")
 
 
-async def saturate(server: VllmServer, body: Any, seconds: float) -> dict[str, float]:
+async def saturate(server: VllmServer | SimServer, body: Any, seconds: float) -> dict[str, float]:
     """Requests ``body(i)`` kept ``max_num_seqs`` at once for ``seconds``: requests/s, tokens/s."""
     done = tokens = 0
     deadline = time.monotonic() + seconds
@@ -116,7 +119,9 @@ async def saturate(server: VllmServer, body: Any, seconds: float) -> dict[str, f
     return {"requests_per_s": done / took, "tokens_per_s": tokens / took}
 
 
-async def live_client(server: VllmServer, rate: float, seconds: float, max_tokens: int) -> dict[str, Any]:
+async def live_client(
+    server: VllmServer | SimServer, rate: float, seconds: float, max_tokens: int
+) -> dict[str, Any]:
     """Live requests at ``rate`` per second for ``seconds`` (open loop): their latencies."""
     latencies: list[float] = []
     tokens = 0
@@ -150,7 +155,13 @@ def wait_for(check: Any, timeout_s: float, what: str) -> None:
 
 
 def during_batch(
-    args: Any, server: VllmServer, client: OpenAI, poller: MongoPoller, rate: float, lines: int, work: Path
+    args: Any,
+    server: VllmServer | SimServer,
+    client: OpenAI,
+    poller: MongoPoller,
+    rate: float,
+    lines: int,
+    work: Path,
 ) -> dict[str, Any]:
     """One batch of ``lines`` through the stack and the live client beside it, once it flows."""
     path = work / f"batch-{uuid.uuid4().hex[:6]}.jsonl"
@@ -186,18 +197,21 @@ def during_batch(
 
 
 def run(args: Any) -> dict[str, Any]:
-    model_dir = args.shared_model_dir
-    if not Path(model_dir, "config.json").exists():
-        raise SystemExit(f"no model at {model_dir} (make bench prepares Gemma 3 270M)")
     work = Path(tempfile.mkdtemp(prefix="batchstream-shared-"))
-    extra = ["--dtype", args.shared_dtype, "--max-model-len", str(args.shared_max_model_len)]
-    server = VllmServer(
-        args.inference_python, model_dir, SERVED_NAME, *extra, max_num_seqs=args.shared_max_num_seqs
-    )
-    print(
-        f"shared: starting vllm serve ({Path(model_dir).name}, max_num_seqs {server.max_num_seqs}) ...",
-        flush=True,
-    )
+    server: VllmServer | SimServer
+    if args.engine == "sim":
+        model_name = "simulated GPU"
+        server = SimServer(SERVED_NAME, args.shared_max_num_seqs, args.sim_speedup, args.shared_max_model_len)
+    else:
+        model_dir = args.shared_model_dir
+        if not Path(model_dir, "config.json").exists():
+            raise SystemExit(f"no model at {model_dir} (make bench prepares Gemma 3 270M)")
+        model_name = Path(model_dir).name
+        extra = ["--dtype", args.shared_dtype, "--max-model-len", str(args.shared_max_model_len)]
+        server = VllmServer(
+            args.inference_python, model_dir, SERVED_NAME, *extra, max_num_seqs=args.shared_max_num_seqs
+        )
+    print(f"shared: starting the server ({model_name}, max_num_seqs {server.max_num_seqs}) ...", flush=True)
     server.start()
     results: dict[str, Any] = {"settings": []}
     try:
@@ -268,7 +282,7 @@ def run(args: Any) -> dict[str, Any]:
     rows.insert(0, ["live alone", live_alone["p50_s"], live_alone["p99_s"], "1.00x", 0.0, "0%"])
     print(
         table(
-            f"shared server ({Path(model_dir).name}, {server.max_num_seqs} sequences; targets: live p99 "
+            f"shared server ({model_name}, {server.max_num_seqs} sequences; targets: live p99 "
             "<= 1.25x alone, batch >= 60% of spare)",
             ["live traffic", "p50 s", "p99 s", "p99 / alone", "batch tok/s", "of spare"],
             rows,

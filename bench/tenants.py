@@ -26,11 +26,12 @@ and at most ``--tenants-places`` run at once (``BATCHSTREAM_INFERENCE_FAKE_MAX_R
 vLLM's ``max_num_seqs``), so the model serves a fixed number of lines per second whatever else the
 cores do, as a GPU would. That capacity is what the two projects share. As with vLLM, the worker
 holds sixteen times as many lines as the engine has places, and gives each freed place to the
-project, then the batch, with the fewest lines on the engine (``services/inference/places.py``):
+project, then the batch, with the fewest lines on the engine (``services/inference/engine_places.py``):
 the lines the dispatcher keeps ahead in the topic wait in the worker, where a new batch's go
 first. The instant engine has no capacity to share (its batches are bound by the plumbing's CPU,
 which fairness does not apportion); the tiny vLLM model (``--tenants-engine vllm``) on this CPU
-shares both cores with the flood's uploads and validation, so its ratio would mostly measure that.
+shares both cores with the flood's uploads and validation, so its ratio would mostly measure that;
+``--tenants-engine sim`` runs the simulated GPU (``--sim-*``: ratios only, docs/benchmarks.md).
 
 Only the public HTTP API is used (httpx), so the benchmark runs on any version of the api.
 """
@@ -52,11 +53,13 @@ from typing import Any
 import httpx
 
 from bench.common import TERMINAL, ProcessSampler, chat_line, new_stack, percentile, start_stack, table
+from bench.simulated import SIM_PROFILE, sim_env
 from deploy.local import ModelSpec, Stack
 
 CHAT = "/v1/chat/completions"
 FAKE_MODEL = "fake-model"
 VLLM_MODEL = "tiny-llama"
+SIM_MODEL = "sim-model"
 KEYS = {"good": "sk-tenants-good", "flood": "sk-tenants-flood"}
 LINE_MAX_TOKENS = 16  # the paced engine takes seconds_per_token x max_tokens per line
 FLOOD_PRIORITY = 100
@@ -544,6 +547,8 @@ def engine(args: Any) -> tuple[ModelSpec, dict[str, str], str]:
         if not Path(args.model_dir, "config.json").exists():
             raise SystemExit(f"no model at {args.model_dir} (run `make test` or `make up UP_MODEL=tiny`)")
         return ModelSpec(args.model_dir, VLLM_MODEL), {}, f"vLLM {Path(args.model_dir).name}"
+    if args.tenants_engine == "sim" or getattr(args, "engine", "") == "sim":
+        return ModelSpec("", SIM_MODEL, engine="sim"), sim_env(args), f"simulated GPU ({SIM_PROFILE.name})"
     pace = args.tenants_line_seconds / LINE_MAX_TOKENS
     env = {
         "BATCHSTREAM_INFERENCE_FAKE_SECONDS_PER_TOKEN": f"{pace:g}",

@@ -21,7 +21,7 @@ from shared.mongo import Mongo
 from shared.result_chunks import ChunkTally, usage_document
 from shared.settings import KafkaSettings, MongoSettings, StorageSettings
 from shared.storage import ObjectStore, result_chunk_prefix
-from shared.stores.batches import BatchStore, LiveCounts
+from shared.stores.batch_progress import BatchProgressStore, LiveCounts
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ async def resume_in_flight(mongo: MongoSettings, storage: StorageSettings) -> li
     the stored counts. A line in flight at the loss is sent again; nothing answered is.
     """
     db = Mongo(mongo)
-    batches = BatchStore(db.batches)
+    batches = BatchProgressStore(db.batches)
     store = ObjectStore(storage)
     try:
         ids = await batches.in_progress_ids()

@@ -22,7 +22,7 @@ Batch internal fields:
 - ``seen_lines``: the aggregator's seen-lines bitmap (zlib-compressed bytes, bit ``n - 1`` for
   line ``n``), written with its batched counts flush; the dispatcher reads it to find lost lines.
 - ``resumed``: set when the batch was resumed after the broker lost its messages
-  (``BatchStore.resume``): its counts restart from those its stored result chunks give, the
+  (``BatchProgressStore.resume``): its counts restart from those its stored result chunks give, the
   dispatcher does not send the lines ``seen_lines`` marks, the aggregator counts on from them.
 - ``parts``: a mixed-models batch's lines by the base model whose workers run them, set at
   validation: ``[{model, lines}]``; part ``i``'s lines, in dispatch order, are the object
@@ -33,6 +33,9 @@ Batch internal fields:
 - ``enqueued``: ``{model: {lines, tokens}}``, the batch's lines per model they name and their
   estimated prompt tokens, set at validation with ``enqueued_at`` (nanoseconds); the api's
   quotas count them down as lines get results (services/api/quotas/limits.py).
+- ``completion_rate``: ``[at, lines_per_s]``, the batch's lines done per second over the last
+  minute (services/aggregator/completion_rate.py), written with each live counts flush (null
+  until it can be told); ``public`` derives the estimated completion time from it.
 - ``api``: the API the batch was created through and is shown by: ``openai`` (``/v1/batches``)
   or ``anthropic`` (``/v1/messages/batches``, shared/protocol/anthropic.py).
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
@@ -51,7 +54,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.protocol.messages import SamplingDefaults
-from shared.protocol.openai import Batch, BatchBase, FileBase, FileObject
+from shared.protocol.openai import COMPLETION_WINDOW, Batch, BatchBase, FileBase, FileObject
 
 PROGRESS_SAMPLES = 600
 """How many progress samples a batch document keeps (the newest)."""
@@ -78,7 +81,7 @@ class StoredDocument(BaseModel):
 
 class BatchDocument(StoredDocument, BatchBase):
     # The stored documents' default; the API's Batch always carries the window given at create.
-    completion_window: str = "24h"
+    completion_window: str = COMPLETION_WINDOW
     project: str = "default"
     defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     sort_key: int = 0
@@ -95,6 +98,7 @@ class BatchDocument(StoredDocument, BatchBase):
     enqueued: dict[str, dict[str, int]] | None = None
     enqueued_at: int | None = None
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
+    completion_rate: list[float] | None = None
     api: Literal["openai", "anthropic"] = "openai"
 
     def output_files_expire_at(self) -> int | None:
@@ -109,8 +113,24 @@ class BatchDocument(StoredDocument, BatchBase):
         shared = self.model_dump(include=set(BatchBase.model_fields))
         first_error = self.errors.data[0] if self.errors and self.errors.data else None
         return Batch(
-            **shared, **self.defaults.model_dump(), started_at=self.in_progress_at, error=first_error
+            **shared,
+            **self.defaults.model_dump(),
+            started_at=self.in_progress_at,
+            error=first_error,
+            **self.estimate(),
         )
+
+    def estimate(self) -> dict[str, Any]:
+        """``estimated_completion_at`` and ``estimated_rate_lines_per_s`` (docs/api.md): while the
+        batch is in progress and its rate is known, the rate's time plus its lines not done at
+        that rate (unix seconds, rounded up); otherwise null."""
+        rate = self.completion_rate
+        if self.status != "in_progress" or not rate or len(rate) != 2 or rate[1] <= 0:
+            return {"estimated_completion_at": None, "estimated_rate_lines_per_s": None}
+        counts = self.request_counts
+        remaining = max(0, counts.total - counts.completed - counts.failed)
+        at = int(-(-(rate[0] + remaining / rate[1]) // 1))
+        return {"estimated_completion_at": at, "estimated_rate_lines_per_s": round(rate[1], 3)}
 
 
 class FileDocument(StoredDocument, FileBase):

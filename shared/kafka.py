@@ -15,6 +15,7 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from pydantic import BaseModel
 
+from shared.protocol.wire import ENCODER
 from shared.settings import KafkaSettings
 from shared.topics import control_topic, dead_letters_topic, requests_topic, results_topic
 
@@ -23,7 +24,10 @@ log = logging.getLogger(__name__)
 _JSON = msgspec.json.Decoder()
 
 
-def encode(message: BaseModel | dict[str, Any]) -> bytes:
+def encode(message: msgspec.Struct | BaseModel | dict[str, Any]) -> bytes:
+    """A message's value: compact JSON (a message Struct as msgspec writes it)."""
+    if isinstance(message, msgspec.Struct):
+        return ENCODER.encode(message)
     if isinstance(message, BaseModel):
         return message.model_dump_json(exclude_none=False).encode()
     return json.dumps(message, separators=(",", ":")).encode()

@@ -97,12 +97,12 @@ class KafkaRequestClient:
         ``defaults`` are the batch-level defaults a request body may override; ``expires_at``
         (Unix seconds) makes a worker answer ``batch_expired`` instead of running a late line.
         """
-        message = RequestMessage.model_validate(
+        message = RequestMessage.from_value(
             {
                 **line,
                 "request_id": batch_request_id(),
                 "reply_topic": self.reply_topic,
-                "defaults": defaults,
+                "defaults": defaults.model_dump() if defaults is not None else None,
                 "expires_at": expires_at,
             }
         )
@@ -125,7 +125,7 @@ class KafkaRequestClient:
                 for record in records:
                     if record.value is None:
                         continue
-                    result = ResultMessage.model_validate_json(record.value)
+                    result = ResultMessage.from_json(record.value)
                     if result.request_id in self.pending:
                         self.pending.discard(result.request_id)
                         yield result

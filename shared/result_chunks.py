@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from shared.protocol.messages import CountedResult, TokenUsage, UsageCounts
+from shared.protocol.messages import ResultMessage, TokenUsage
 from shared.seen_lines import SeenLines
 
 
@@ -35,12 +35,12 @@ def compact_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def encode_record(result: CountedResult) -> bytes:
+def encode_record(result: ResultMessage) -> bytes:
     """The record of one result; its response body is spliced in as it came, never re-parsed."""
     return Record(result.line or 0, result.succeeded, result.output_line_json()).encode()
 
 
-def encode_chunk(results: Iterable[CountedResult]) -> bytes:
+def encode_chunk(results: Iterable[ResultMessage]) -> bytes:
     """One chunk object's bytes; ``results`` must already be sorted by line."""
     return b"".join(encode_record(r) for r in results)
 
@@ -54,7 +54,7 @@ USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", 
 """A batch's usage, flat: the aggregator's running sums and ``usage_document``'s input."""
 
 
-def token_sums(usage: UsageCounts | None) -> dict[str, int]:
+def token_sums(usage: TokenUsage | None) -> dict[str, int]:
     """A line's usage as the batch sums it (``USAGE_KEYS``); empty without usage."""
     if usage is None:
         return {}

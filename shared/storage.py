@@ -203,7 +203,7 @@ def result_chunk_prefix(batch_id: str) -> str:
 
 
 def dispatch_order_key(batch_id: str, part: int | None = None) -> str:
-    """A batch's dispatch order (``services/api/dispatch/order.py``), written at validation; a
+    """A batch's dispatch order (``services/api/service/dispatch_order.py``), written at validation; a
     mixed batch has one per part (the lines of one base model)."""
     suffix = "" if part is None else f"-{part}"
     return f"{batch_prefix(batch_id)}dispatch-order{suffix}"

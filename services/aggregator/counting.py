@@ -30,17 +30,17 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
-from pydantic import ValidationError
+from msgspec import ValidationError
 
 from services.aggregator import metrics
-from services.aggregator.batches import BatchDirectory
+from services.aggregator.completion_rate import CompletionRates
 from services.aggregator.finalize import FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
-from shared.protocol.messages import CountedResult, read_result, result_values
+from shared.protocol.messages import ResultMessage, result_values
 from shared.result_chunks import encode_chunk
 from shared.storage import ObjectStore, result_chunk_prefix
-from shared.stores.batches import BatchStore, LiveCounts
+from shared.stores.batch_progress import BatchDirectory, BatchProgressStore, LiveCounts
 
 PROGRESS_MIN_INTERVAL_S = 1.0
 """At most one progress sample per batch per this many seconds."""
@@ -50,10 +50,10 @@ PROGRESS_AGE_DIVISOR = 300
 log = logging.getLogger(__name__)
 
 
-def decode_results(values: Iterable[bytes | None]) -> dict[str, list[CountedResult]]:
+def decode_results(values: Iterable[bytes | None]) -> dict[str, list[ResultMessage]]:
     """Parse raw message values (a result, or a group of a batch's results) and group the results
     by batch; skip what is not for the aggregator."""
-    by_batch: dict[str, list[CountedResult]] = defaultdict(list)
+    by_batch: dict[str, list[ResultMessage]] = defaultdict(list)
     for value in values:
         try:
             parts = result_values(value or b"")
@@ -63,7 +63,7 @@ def decode_results(values: Iterable[bytes | None]) -> dict[str, list[CountedResu
             continue
         for part in parts:
             try:
-                result = read_result(part)  # the body stays raw JSON
+                result = ResultMessage.from_json(part)  # the body stays raw JSON
             except ValidationError as exc:
                 metrics.INVALID_RESULTS.labels("undecodable").inc()
                 log.warning("dropping an undecodable result", extra={"error": str(exc)[:300]})
@@ -99,7 +99,7 @@ class ChunkProcessor:
         for batch_id, results in decode_results(values).items():
             await self.process_batch(batch_id, results)
 
-    async def process_batch(self, batch_id: str, results: list[CountedResult]) -> None:
+    async def process_batch(self, batch_id: str, results: list[ResultMessage]) -> None:
         info = await self._directory.get(batch_id)
         if info is None:
             metrics.INVALID_RESULTS.labels("unknown_batch").inc(len(results))
@@ -203,7 +203,7 @@ class ChunkWriter:
             await self._store.ensure_bucket()
             self._bucket_ready = True
 
-    async def write(self, batch_id: str, results: list[CountedResult]) -> str:
+    async def write(self, batch_id: str, results: list[ResultMessage]) -> str:
         """Store ``results`` (sorted by line) as one object; the name sorts by write time."""
         key = f"{result_chunk_prefix(batch_id)}{time.time_ns():020d}-{secrets.token_hex(4)}.chunk"
         await self._store.put_bytes(key, encode_chunk(results))
@@ -223,7 +223,10 @@ class CountsFlusher:
     """
 
     def __init__(
-        self, batches: BatchStore, states: Mapping[str, Any], clock: Callable[[], float] = time.monotonic
+        self,
+        batches: BatchProgressStore,
+        states: Mapping[str, Any],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._batches = batches
         self._states = states
@@ -231,6 +234,7 @@ class CountsFlusher:
         self._lock = asyncio.Lock()
         self._clock = clock
         self._sampled: dict[str, tuple[float, float]] = {}  # batch -> (first counted, last sample)
+        self._rates = CompletionRates(clock=clock)  # the estimated completion time's basis
 
     def mark(self, batch_id: str) -> None:
         self._dirty.add(batch_id)
@@ -261,12 +265,18 @@ class CountsFlusher:
         raw = self._states.get(batch_id)
         if raw is None:  # finalized and forgotten meanwhile
             self._sampled.pop(batch_id, None)
+            self._rates.forget(batch_id)
             return None
         state = BatchState.from_dict(raw)
         # seen_lines: for the api's dispatcher, which lines have a result (zlib bitmap bytes).
         seen = base64.b64decode(raw.get("seen") or "")
         return LiveCounts(
-            state.completed, state.failed, state.usage_document(), seen, self._sample_due(batch_id)
+            state.completed,
+            state.failed,
+            state.usage_document(),
+            seen,
+            self._sample_due(batch_id),
+            self._rates.observe(batch_id, state.done),
         )
 
     def _sample_due(self, batch_id: str) -> bool:

@@ -3,7 +3,7 @@
 ``FinalizeScheduler`` runs at most ``finalize_concurrency`` finalizations at once, one per batch,
 in the background of the hot path (counting schedules a batch once every line is counted; the
 sweep, one that is due). ``Finalizer`` merges the chunks (``chunks.py``), fills the lines of a
-batch ended early (``closing.py``), registers the files and ends the batch.
+batch ended early (``overdue.py``), registers the files and ends the batch.
 
 Finalize is idempotent and crash-safe: file ids derive from the batch id, file documents are
 upserted, and the batch moves to its terminal status only after both files are stored, so a
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from services.aggregator import metrics
-from services.aggregator.batches import BatchDirectory
 from services.aggregator.chunks import merge_and_split
-from services.aggregator.closing import close_reason, write_fill
+from services.aggregator.overdue import close_reason, write_fill
 from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState, SeenLines
 from shared import lifecycle
@@ -37,6 +36,7 @@ from shared.protocol.openai import FileObject
 from shared.released_files import purge_if_released
 from shared.result_chunks import UsageByModel
 from shared.storage import ObjectNotFound, ObjectStore, batch_prefix, file_key, result_chunk_prefix
+from shared.stores.batch_progress import BatchDirectory
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 

@@ -22,26 +22,26 @@ class Dependencies(Protocol):
 
 
 @dataclass(frozen=True)
-class Answer:
+class Page:
     status: int
     body: dict[str, Any] = field(default_factory=dict)
 
 
-def livez(phase: str) -> Answer:
-    return Answer(200, {"status": "alive", "phase": phase})
+def livez(phase: str) -> Page:
+    return Page(200, {"status": "alive", "phase": phase})
 
 
 async def readyz(
     *, stalled: str | None, phase: str, dependencies: Dependencies | None, backlog: dict[str, int | None]
-) -> Answer:
+) -> Page:
     """``dependencies`` is ``None`` until the worker has built its clients."""
     if stalled is not None:
-        return Answer(503, {"status": "stalled", "reason": stalled, "phase": phase})
+        return Page(503, {"status": "stalled", "reason": stalled, "phase": phase})
     if dependencies is None:
-        return Answer(503, {"status": "starting", "phase": phase})
+        return Page(503, {"status": "starting", "phase": phase})
     if not await dependencies.healthy():
-        return Answer(503, {"status": "unhealthy", "reason": "MongoDB or S3 does not answer", "phase": phase})
-    return Answer(200, {"status": "healthy", "phase": phase, "backlog": backlog})
+        return Page(503, {"status": "unhealthy", "reason": "MongoDB or S3 does not answer", "phase": phase})
+    return Page(200, {"status": "healthy", "phase": phase, "backlog": backlog})
 
 
 def metrics() -> tuple[bytes, str]:

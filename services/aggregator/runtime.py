@@ -11,7 +11,6 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from services.aggregator.batches import BatchDirectory
 from services.aggregator.counting import ChunkProcessor, ChunkWriter, CountsFlusher
 from services.aggregator.finalize import Finalizer, FinalizeScheduler
 from services.aggregator.settings import AggregatorConfig
@@ -20,6 +19,7 @@ from shared.kafka import key_partition
 from shared.mongo import Mongo
 from shared.settings import MongoSettings, StorageSettings, WebhookSettings
 from shared.storage import ObjectStore
+from shared.stores.batch_progress import BatchDirectory, BatchProgressStore
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.webhooks import WebhookEventStore
@@ -42,10 +42,11 @@ class Runtime:
         webhook_events = WebhookEventStore(self.mongo.webhook_events)
         recorder = EventRecorder(webhook_events, self.webhook_settings.endpoints)
         self.webhooks = WebhookDeliverer(webhook_events, self.webhook_settings)
-        # The one store of the batches collection: every batch end it moves records its event.
-        self.batches = BatchStore(self.mongo.batches, recorder.batch_ended)
-        self.directory = BatchDirectory(self.batches, config.batch_cache_size)
-        self.counts = CountsFlusher(self.batches, states)
+        # Every batch end this store moves records its webhook event.
+        self.batches = BatchStore(self.mongo.batches, recorder)
+        progress = BatchProgressStore(self.mongo.batches)
+        self.directory = BatchDirectory(self.batches, progress, config.batch_cache_size)
+        self.counts = CountsFlusher(progress, states)
         self.finalizer = Finalizer(
             config,
             batches=self.batches,

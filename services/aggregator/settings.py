@@ -42,7 +42,7 @@ class AggregatorConfig(AggregatorSettings):
     """The longest a fetch waits for records (faust hard-codes 1500; see faust_adapter.py)."""
     chunk_poll_seconds: float = 0.1
     """How often the results agent takes what arrived; chunks are cut from these polls
-    (coalescer.py)."""
+    (``ChunkCoalescer`` in intake.py)."""
     standby_replicas: int = 1
     """faust ``table_standby_replicas`` of the batch-state table."""
     finalize_concurrency: int = 2

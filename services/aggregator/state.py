@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.documents import BatchDocument
-from shared.protocol.messages import CountedResult
+from shared.protocol.messages import ResultMessage
 from shared.result_chunks import USAGE_KEYS, token_sums, usage_document, usage_flat
 from shared.seen_lines import MAX_LINE_NUMBER, SeenLines
 
@@ -24,7 +24,7 @@ MAX_LINES = MAX_LINE_NUMBER
 USAGE_FIELDS = USAGE_KEYS
 
 
-def usage_of(result: CountedResult) -> dict[str, int]:
+def usage_of(result: ResultMessage) -> dict[str, int]:
     """Token usage of a successful result, in the Batch object's ``usage`` terms.
 
     The result message carries the body's usage beside the raw body (``usage``,
@@ -47,8 +47,8 @@ class BatchState:
         return self.completed + self.failed
 
     def select_new(
-        self, results: Iterable[CountedResult], total: int
-    ) -> tuple[list[CountedResult], int, int]:
+        self, results: Iterable[ResultMessage], total: int
+    ) -> tuple[list[ResultMessage], int, int]:
         """Split results into new lines (sorted by line) and drop the rest.
 
         Returns ``(new, duplicates, invalid)``: a line already seen, or seen twice in this
@@ -58,7 +58,7 @@ class BatchState:
         Nothing is recorded until :meth:`record`.
         """
         limit = MAX_LINES
-        fresh: dict[int, CountedResult] = {}
+        fresh: dict[int, ResultMessage] = {}
         duplicates = invalid = 0
         for result in results:
             line = result.line
@@ -70,7 +70,7 @@ class BatchState:
                 fresh[line] = result
         return [fresh[line] for line in sorted(fresh)], duplicates, invalid
 
-    def record(self, results: Iterable[CountedResult]) -> None:
+    def record(self, results: Iterable[ResultMessage]) -> None:
         """Mark lines seen and add them to the counts (call once the chunk is stored)."""
         for result in results:
             assert result.line is not None
@@ -88,7 +88,7 @@ class BatchState:
 
     @classmethod
     def resumed(cls, batch: BatchDocument) -> BatchState:
-        """The state a resumed batch counts on from (``BatchStore.resume``): its stored counts,
+        """The state a resumed batch counts on from (``BatchProgressStore.resume``): its stored counts,
         usage and lines with a result, as tallied from its chunks."""
         return cls(
             completed=batch.request_counts.completed,

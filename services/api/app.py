@@ -13,7 +13,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import Counter, Histogram
 
+from services.api.announcer import ControlAnnouncer
 from services.api.body_limit import BodyLimit
+from services.api.deps import ApiServices
 from services.api.dispatch.loop import Dispatcher
 from services.api.dispatch.settings import DispatchSettings
 from services.api.errors import DEPENDENCY_TIMEOUT_S, install_error_handlers
@@ -24,7 +26,6 @@ from services.api.quotas.settings import QuotaSettings
 from services.api.routes import batches, files, health, limits, message_batches, models, partial, views
 from services.api.routes.console import install_console
 from services.api.routes.health import MetricsServer
-from services.api.service.announcer import ControlAnnouncer
 from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
@@ -87,39 +88,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The api ends a batch ``failed`` (validation); its event is recorded here, sent by the
         # aggregator (services/aggregator/webhooks.py).
         recorder = EventRecorder(WebhookEventStore(mongo.webhook_events), webhook_endpoints)
-        batch_store = BatchStore(mongo.batches, on_end=recorder.batch_ended)
+        batch_store = BatchStore(mongo.batches, recorder)
         file_store = FileStore(mongo.files)
         model_store = ModelStore(mongo.models)
-        quotas = QuotaService(quota_settings, batch_store, file_store, model_store)
-        file_service = FileService(file_store, batch_store, store, api_settings, quotas)
-        batch_service = BatchService(
-            batch_store,
-            model_store,
-            IdempotencyStore(mongo.idempotency),
-            store,
-            file_service,
-            ControlAnnouncer(producer, kafka_settings),
-            api_settings,
-            dispatch_settings,
-            quotas=quotas,
-            media=MediaSettings(),
-        )
-        app.state.mongo, app.state.store, app.state.producer = mongo, store, producer
-        app.state.models, app.state.quotas = model_store, quotas
-        app.state.partial = PartialOutputService(batch_store, file_store, store)
-        app.state.error_lines = ErrorLinesService(app.state.partial, api_settings.max_list_bytes)
-        app.state.overview = OverviewService(batch_store, model_store)
-        app.state.retry = RetryService(batch_service, file_service, app.state.partial)
-        app.state.files, app.state.batches = file_service, batch_service
-        app.state.keys = KeyRing(mongo, api_settings.project_by_key())
-        app.state.message_batches = MessageBatchService(
-            batch_service,
-            file_service,
-            app.state.partial,
-            MessageBatchStore(mongo.batches),
-            model_store,
-            api_settings,
-        )
         dispatcher = Dispatcher(
             mongo=mongo,
             batches=batch_store,
@@ -130,8 +101,44 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings=dispatch_settings,
             owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
         )
-        batch_service.on_dispatchable = dispatcher.wake
-        app.state.dispatcher = dispatcher
+        quotas = QuotaService(quota_settings, batch_store, file_store, model_store)
+        file_service = FileService(file_store, batch_store, store, api_settings, quotas)
+        batch_service = BatchService(
+            batch_store,
+            model_store,
+            IdempotencyStore(mongo.idempotency),
+            store,
+            file_service,
+            ControlAnnouncer(producer, kafka_settings),
+            dispatcher,
+            api_settings,
+            dispatch_settings,
+            quotas=quotas,
+            media=MediaSettings(),
+        )
+        partial = PartialOutputService(batch_store, file_store, store)
+        app.state.services = ApiServices(
+            mongo=mongo,
+            store=store,
+            producer=producer,
+            keys=KeyRing(mongo, api_settings.project_by_key()),
+            models=model_store,
+            quotas=quotas,
+            files=file_service,
+            batches=batch_service,
+            partial=partial,
+            error_lines=ErrorLinesService(partial, api_settings.max_list_bytes),
+            overview=OverviewService(batch_store, model_store),
+            retry=RetryService(batch_service, file_service, partial),
+            message_batches=MessageBatchService(
+                batch_service,
+                file_service,
+                partial,
+                MessageBatchStore(mongo.batches),
+                model_store,
+                api_settings,
+            ),
+        )
         await batch_service.recover()
         dispatcher.start()
         log.info("api ready", extra={"port": api_settings.port})

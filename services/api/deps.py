@@ -1,9 +1,12 @@
-"""Typed dependency aliases so route signatures read as plain types."""
+"""The api's services as one typed object on ``app.state``, and the dependency aliases that hand
+them to routes, so route signatures read as plain types."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
+from aiokafka import AIOKafkaProducer
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -11,9 +14,39 @@ from services.api.quotas.service import QuotaService
 from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
+from services.api.service.keys import KeyRing
+from services.api.service.message_batches import MessageBatchService
 from services.api.service.overview import OverviewService
+from services.api.service.partial import PartialOutputService
 from services.api.service.retry import RetryService
 from shared.errors import AuthenticationFailed
+from shared.mongo import Mongo
+from shared.storage import ObjectStore
+from shared.stores.models import ModelStore
+
+
+@dataclass(frozen=True)
+class ApiServices:
+    """What the routes reach, built once in the app's lifespan (``app.py``): ``app.state.services``."""
+
+    mongo: Mongo
+    store: ObjectStore
+    producer: AIOKafkaProducer
+    keys: KeyRing
+    models: ModelStore
+    quotas: QuotaService
+    files: FileService
+    batches: BatchService
+    partial: PartialOutputService
+    error_lines: ErrorLinesService
+    overview: OverviewService
+    retry: RetryService
+    message_batches: MessageBatchService
+
+
+def services(request: Request) -> ApiServices:
+    return request.app.state.services  # type: ignore[no-any-return]
+
 
 # Declares the bearer scheme in the OpenAPI document, so /docs can authorize; a missing or
 # malformed header is answered by _project in OpenAI's error shape, not by FastAPI's 403.
@@ -31,34 +64,34 @@ async def project_of(request: Request, key: str, missing: str) -> str:
     """The project an API key names; 401 saying ``missing`` without a key, or for a wrong one."""
     if not key:
         raise AuthenticationFailed(missing)
-    project = await request.app.state.keys.project_for(key)
+    project = await services(request).keys.project_for(key)
     if project is None:
         raise AuthenticationFailed("Incorrect API key provided.")
     return str(project)
 
 
 def _files(request: Request) -> FileService:
-    return request.app.state.files  # type: ignore[no-any-return]
+    return services(request).files
 
 
 def _batches(request: Request) -> BatchService:
-    return request.app.state.batches  # type: ignore[no-any-return]
+    return services(request).batches
 
 
 def _error_lines(request: Request) -> ErrorLinesService:
-    return request.app.state.error_lines  # type: ignore[no-any-return]
+    return services(request).error_lines
 
 
 def _overview(request: Request) -> OverviewService:
-    return request.app.state.overview  # type: ignore[no-any-return]
+    return services(request).overview
 
 
 def _retry(request: Request) -> RetryService:
-    return request.app.state.retry  # type: ignore[no-any-return]
+    return services(request).retry
 
 
 def _quotas(request: Request) -> QuotaService:
-    return request.app.state.quotas  # type: ignore[no-any-return]
+    return services(request).quotas
 
 
 Project = Annotated[str, Depends(_project)]

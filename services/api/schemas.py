@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from shared.errors import InvalidRequest, echo
 from shared.protocol.messages import SamplingDefaults
+from shared.protocol.openai import COMPLETION_WINDOW, COMPLETION_WINDOWS, SUPPORTED_ENDPOINTS
 
 
 class ExpiresAfter(BaseModel):
@@ -25,7 +27,7 @@ class BatchCreateParams(SamplingDefaults):
     input_file_id: str
     # Optional with these defaults, as in the batch API batchstream replaces (OpenAI requires both).
     endpoint: str = "/v1/chat/completions"
-    completion_window: str = "24h"
+    completion_window: str = COMPLETION_WINDOW
     metadata: Any = None
     output_expires_after: ExpiresAfter | None = None
     # batchstream's extension: higher runs first among the model's queued batches (docs/dispatcher.md).
@@ -34,6 +36,24 @@ class BatchCreateParams(SamplingDefaults):
     prefix_order: StrictBool | None = None
     # batchstream's extension: true lets the lines name any served model or adapter (docs/api.md).
     mixed_models: StrictBool | None = None
+
+    def checked_window_s(self) -> int:
+        """The completion window in seconds, once the endpoint and the window are ones a batch may
+        name; raises ``InvalidRequest`` (a 400 naming the parameter) otherwise."""
+        if self.endpoint not in SUPPORTED_ENDPOINTS:
+            raise InvalidRequest(
+                f"Unsupported endpoint {echo(self.endpoint)}; expected one of {list(SUPPORTED_ENDPOINTS)}.",
+                param="endpoint",
+                code="invalid_value",
+            )
+        window = COMPLETION_WINDOWS.get(self.completion_window)
+        if window is None:
+            raise InvalidRequest(
+                f"completion_window must be '{COMPLETION_WINDOW}'.",
+                param="completion_window",
+                code="invalid_value",
+            )
+        return window
 
     def defaults(self) -> SamplingDefaults:
         return SamplingDefaults.model_validate(self.model_dump(include=set(SamplingDefaults.model_fields)))

@@ -19,6 +19,7 @@ from openai.types import Batch
 from services.client.connection import connect
 from shared.lifecycle import TERMINAL
 from shared.protocol.messages import SamplingDefaults
+from shared.protocol.openai import COMPLETION_WINDOW
 
 # The exit status of `batchstream submit` and `batchstream batches wait`, by the batch's outcome.
 EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "expired": 3, "cancelled": 4}
@@ -33,7 +34,7 @@ def submit(
     input_path: str | Path,
     *,
     endpoint: str = "/v1/chat/completions",
-    completion_window: str = "24h",
+    completion_window: str = COMPLETION_WINDOW,
     metadata: Mapping[str, str] | None = None,
     defaults: SamplingDefaults | None = None,
     mixed_models: bool = False,
@@ -108,7 +109,7 @@ def run_batch(
     *,
     client: OpenAI | None = None,
     endpoint: str = "/v1/chat/completions",
-    completion_window: str = "24h",
+    completion_window: str = COMPLETION_WINDOW,
     metadata: Mapping[str, str] | None = None,
     max_decoding_length: int | None = None,
     max_context_length: int | None = None,

@@ -9,36 +9,47 @@ api answers an error or cannot be reached; 130 when interrupted while waiting (t
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import openai
 import typer
 from openai import OpenAI
-from openai.types import Batch
-from rich.console import Console
-from rich.table import Table
 
 from services.client import admin
 from services.client.batches import (
     EXIT_API_ERROR,
     EXIT_CODES,
-    EXIT_INTERRUPTED,
     download,
     download_results,
     retry,
     submit,
-    wait,
 )
 from services.client.connection import connect
-from services.client.message_batches import download_message_results, submit_messages
-from services.client.progress import BatchProgress
+from services.client.message_batches import messages_command
+from services.client.output import (
+    InputFile,
+    JsonFlag,
+    PollFlag,
+    WaitFlag,
+    as_dict,
+    beside,
+    counts,
+    err,
+    error_message,
+    finish,
+    new_table,
+    out,
+    page_json,
+    print_json,
+    show_batch,
+    wait_with_progress,
+    when,
+)
 from shared.protocol.messages import SamplingDefaults
+from shared.protocol.openai import COMPLETION_WINDOW
 
 app = typer.Typer(
     name="batchstream",
@@ -54,22 +65,6 @@ keys_app = typer.Typer(help="Create, list and revoke API keys (MongoDB; needs th
 app.add_typer(batches_app, name="batches")
 app.add_typer(files_app, name="files")
 app.add_typer(keys_app, name="keys", no_args_is_help=True)
-
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the api's JSON (for scripts).")]
-PollFlag = Annotated[float, typer.Option("--poll", help="Seconds between status checks.", min=0.05)]
-InputFile = Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)]
-WaitFlag = Annotated[
-    bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
-]
-
-
-def _beside(input_path: Path, suffix: str) -> Path:
-    """FILE.<suffix>.jsonl next to FILE (its ``.jsonl`` dropped first)."""
-    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
-    return stem.with_name(f"{stem.name}.{suffix}.jsonl")
 
 
 @dataclass
@@ -103,87 +98,6 @@ def _client(ctx: typer.Context) -> OpenAI:
     return ctx.find_object(Connection).client()  # type: ignore[union-attr]
 
 
-# ------------------------------------------------------------------------------------- output
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2) + "\n")
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    """An SDK object as the api sent it, extension fields included."""
-    return obj.to_dict(mode="json")  # type: ignore[no-any-return]
-
-
-def _page_json(items: Iterable[Any], has_more: bool) -> dict[str, Any]:
-    data = [_as_dict(item) for item in items]
-    return {"object": "list", "data": data, "has_more": has_more}
-
-
-def _when(ts: int | None) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if ts else ""
-
-
-def _counts(batch: Batch) -> str:
-    c = batch.request_counts
-    if c is None:
-        return ""
-    return f"{c.completed + c.failed}/{c.total}" + (f" ({c.failed} failed)" if c.failed else "")
-
-
-def _table(*columns: str) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in columns:
-        table.add_column(column)
-    return table
-
-
-def _show_batch(batch: Batch) -> None:
-    out.print(f"[bold]{batch.id}[/]  {batch.status}  {_counts(batch)}")
-    for label, value in (
-        ("endpoint", batch.endpoint),
-        ("model", getattr(batch, "model", None)),
-        ("input", batch.input_file_id),
-        ("output", batch.output_file_id),
-        ("errors", batch.error_file_id),
-        ("created", _when(batch.created_at)),
-        ("metadata", json.dumps(batch.metadata) if batch.metadata else None),
-    ):
-        if value:
-            out.print(f"  {label:<9} {value}", markup=False, soft_wrap=True)
-    _show_errors(batch, out)
-
-
-def _show_errors(batch: Batch, console: Console) -> None:
-    """Every bad input line of a failed batch, one per line."""
-    for error in (batch.errors.data or []) if batch.errors else []:
-        where = f"line {error.line}: " if error.line else ""
-        console.print(f"{where}{error.code}: {error.message}", markup=False, soft_wrap=True)
-
-
-def _wait_with_progress(client: OpenAI, batch: Batch | str, poll_s: float) -> Batch:
-    """Wait for the batch, drawing its progress on stderr; Ctrl-C leaves the batch running."""
-    batch_id = batch if isinstance(batch, str) else batch.id
-    try:
-        with BatchProgress(err) as progress:
-            return wait(client, batch, poll_s=poll_s, on_progress=progress)
-    except KeyboardInterrupt:
-        err.print(
-            f"\ninterrupted: {batch_id} keeps running; follow it with `batchstream batches wait {batch_id}`"
-            f" or stop it with `batchstream batches cancel {batch_id}`",
-            markup=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-
-
-def _finish(batch: Batch, as_json: bool) -> NoReturn:
-    if as_json:
-        _print_json(_as_dict(batch))
-    _show_errors(batch, err)
-    raise typer.Exit(EXIT_CODES.get(batch.status, 1))
-
-
 # ------------------------------------------------------------------------------------- submit
 
 
@@ -200,7 +114,9 @@ def submit_command(
         typer.Option("--errors", "-e", help="Where the error lines go (default: FILE.errors.jsonl)."),
     ] = None,
     endpoint: Annotated[str, typer.Option(help="The batch's endpoint.")] = "/v1/chat/completions",
-    completion_window: Annotated[str, typer.Option(help="The batch's completion window.")] = "24h",
+    completion_window: Annotated[
+        str, typer.Option(help="The batch's completion window.")
+    ] = COMPLETION_WINDOW,
     metadata: Annotated[
         list[str] | None, typer.Option("--metadata", "-m", help="KEY=VALUE; repeat for more.")
     ] = None,
@@ -226,8 +142,8 @@ def submit_command(
     failed (every bad input line is listed), 3 expired, 4 cancelled, 5 api error, 130 interrupted.
     """
     client = _client(ctx)
-    output = output or _beside(input_path, "output")
-    errors = errors or _beside(input_path, "errors")
+    output = output or beside(input_path, "output")
+    errors = errors or beside(input_path, "errors")
     defaults = SamplingDefaults(
         max_decoding_length=max_decoding_length,
         max_context_length=max_context_length,
@@ -245,9 +161,9 @@ def submit_command(
         mixed_models=mixed_models,
     )
     if not wait_for_it:
-        _print_json(_as_dict(created)) if as_json else out.print(created.id)
+        print_json(as_dict(created)) if as_json else out.print(created.id)
         return
-    batch = _wait_with_progress(client, created, poll)
+    batch = wait_with_progress(client, created, poll)
     download_results(client, batch, output, errors)
     if not as_json:
         c = batch.request_counts
@@ -257,38 +173,10 @@ def submit_command(
             markup=False,
             soft_wrap=True,
         )
-    _finish(batch, as_json)
+    finish(batch, as_json)
 
 
-@app.command("messages")
-def messages_command(
-    ctx: typer.Context,
-    input_path: InputFile,
-    output: Annotated[
-        Path | None,
-        typer.Option("--output", "-o", help="Where the results go (default: FILE.results.jsonl)."),
-    ] = None,
-    poll: PollFlag = 1.0,
-    wait_for_it: WaitFlag = True,
-    as_json: JsonFlag = False,
-) -> None:
-    """Submit FILE as a message batch (Anthropic's Message Batches API: one `{"custom_id",
-    "params"}` request per line), show its progress, download its results in Anthropic's shape.
-
-    Exits as `submit` does: 0 completed, 1 failed, 3 expired, 4 cancelled, 5 api error (a bad
-    request is named by the api), 130 interrupted.
-    """
-    client = _client(ctx)
-    output = output or _beside(input_path, "results")
-    created = submit_messages(client, input_path)
-    if not wait_for_it:
-        _print_json(_as_dict(created)) if as_json else out.print(created.id)
-        return
-    batch = _wait_with_progress(client, created, poll)
-    written = download_message_results(client, batch.id, output)
-    if not as_json:
-        err.print(f"{batch.id} {batch.status}: {written} results to {output}", markup=False, soft_wrap=True)
-    _finish(batch, as_json)
+app.command("messages")(messages_command)
 
 
 @app.command("retry")
@@ -313,10 +201,10 @@ def retry_command(
     client = _client(ctx)
     created = retry(client, batch_id, code or None)
     if not wait_for_it:
-        _print_json(_as_dict(created)) if as_json else out.print(created.id)
+        print_json(as_dict(created)) if as_json else out.print(created.id)
         return
-    batch = _wait_with_progress(client, created, poll)
-    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+    batch = wait_with_progress(client, created, poll)
+    print_json(as_dict(batch)) if as_json else show_batch(batch)
     raise typer.Exit(EXIT_CODES.get(batch.status, 1))
 
 
@@ -343,11 +231,11 @@ def batches_list(
     """The newest batches first."""
     page = _client(ctx).batches.list(limit=limit, after=after or openai.omit)
     if as_json:
-        _print_json(_page_json(page.data, bool(page.has_more)))
+        print_json(page_json(page.data, bool(page.has_more)))
         return
-    table = _table("id", "status", "lines", "endpoint", "created")
+    table = new_table("id", "status", "lines", "endpoint", "created")
     for batch in page.data:
-        table.add_row(batch.id, batch.status, _counts(batch), batch.endpoint, _when(batch.created_at))
+        table.add_row(batch.id, batch.status, counts(batch), batch.endpoint, when(batch.created_at))
     out.print(table)
 
 
@@ -355,21 +243,21 @@ def batches_list(
 def batches_get(ctx: typer.Context, batch_id: str, as_json: JsonFlag = False) -> None:
     """One batch with its live request counts."""
     batch = _client(ctx).batches.retrieve(batch_id)
-    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+    print_json(as_dict(batch)) if as_json else show_batch(batch)
 
 
 @batches_app.command("cancel")
 def batches_cancel(ctx: typer.Context, batch_id: str, as_json: JsonFlag = False) -> None:
     """Cancel a batch (cancelling, then cancelled with the partial output kept)."""
     batch = _client(ctx).batches.cancel(batch_id)
-    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+    print_json(as_dict(batch)) if as_json else show_batch(batch)
 
 
 @batches_app.command("wait")
 def batches_wait(ctx: typer.Context, batch_id: str, poll: PollFlag = 1.0, as_json: JsonFlag = False) -> None:
     """Wait for a batch to end, showing its progress; the exit status tells the outcome (as submit's)."""
-    batch = _wait_with_progress(_client(ctx), batch_id, poll)
-    _print_json(_as_dict(batch)) if as_json else _show_batch(batch)
+    batch = wait_with_progress(_client(ctx), batch_id, poll)
+    print_json(as_dict(batch)) if as_json else show_batch(batch)
     raise typer.Exit(EXIT_CODES.get(batch.status, 1))
 
 
@@ -393,11 +281,11 @@ def files_list(
         after=after or openai.omit,
     )
     if as_json:
-        _print_json(_page_json(page.data, bool(page.has_more)))
+        print_json(page_json(page.data, bool(page.has_more)))
         return
-    table = _table("id", "purpose", "bytes", "filename", "created")
+    table = new_table("id", "purpose", "bytes", "filename", "created")
     for f in page.data:
-        table.add_row(f.id, f.purpose, str(f.bytes), f.filename, _when(f.created_at))
+        table.add_row(f.id, f.purpose, str(f.bytes), f.filename, when(f.created_at))
     out.print(table)
 
 
@@ -411,7 +299,7 @@ def files_upload(
     """Upload a file; prints its id."""
     with path.open("rb") as handle:
         uploaded = _client(ctx).files.create(file=handle, purpose=purpose)  # type: ignore[arg-type]
-    _print_json(_as_dict(uploaded)) if as_json else out.print(uploaded.id)
+    print_json(as_dict(uploaded)) if as_json else out.print(uploaded.id)
 
 
 @files_app.command("download")
@@ -435,7 +323,7 @@ def files_download(
 def files_delete(ctx: typer.Context, file_id: str, as_json: JsonFlag = False) -> None:
     """Delete a file."""
     deleted = _client(ctx).files.delete(file_id)
-    _print_json(_as_dict(deleted)) if as_json else out.print(f"deleted {deleted.id}")
+    print_json(as_dict(deleted)) if as_json else out.print(f"deleted {deleted.id}")
 
 
 # ------------------------------------------------------------------------------------- models
@@ -446,9 +334,9 @@ def models(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """The models the inference workers serve."""
     page = _client(ctx).models.list()
     if as_json:
-        _print_json(_page_json(page.data, False))
+        print_json(page_json(page.data, False))
         return
-    table = _table("id", "max_context_length", "owned_by")
+    table = new_table("id", "max_context_length", "owned_by")
     for model in page.data:
         table.add_row(model.id, str(getattr(model, "max_context_length", "") or ""), model.owned_by)
     out.print(table)
@@ -467,14 +355,14 @@ def limits(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """The project's quotas and its use of each (batchstream's `GET /v1/limits`)."""
     view: dict[str, Any] = _client(ctx).get("/limits", cast_to=object)  # type: ignore[arg-type]
     if as_json:
-        _print_json(view)
+        print_json(view)
         return
     out.print(f"[bold]project[/] {view.get('project', '')}", soft_wrap=True)
-    table = _table("quota", "used / limit")
+    table = new_table("quota", "used / limit")
     for name in ("stored_bytes", "batches_in_progress", "concurrent_validations"):
         table.add_row(name, _use(view.get(name) or {}))
     out.print(table)
-    per_model = _table("model", "queued_lines", "enqueued_tokens (estimated)")
+    per_model = new_table("model", "queued_lines", "enqueued_tokens (estimated)")
     for row in view.get("models") or []:
         per_model.add_row(row["model"], _use(row["queued_lines"]), _use(row["enqueued_tokens"]))
     out.print(per_model)
@@ -500,7 +388,7 @@ def keys_create(
     """Create a key and print it (shown once; only its hash is stored) on stdout, its id on stderr."""
     key_id, key = admin.create_key(project, mongo_uri, mongo_database)
     if as_json:
-        _print_json({"id": key_id, "key": key, "project": project})
+        print_json({"id": key_id, "key": key, "project": project})
         return
     out.print(key, markup=False, soft_wrap=True)
     err.print(f"id: {key_id} (revoke with: batchstream keys revoke {key_id})", markup=False)
@@ -516,11 +404,11 @@ def keys_list(
     """The keys made with ``keys create``: id, project, created, revoked (never a key itself)."""
     keys = admin.list_keys(project, mongo_uri, mongo_database)
     if as_json:
-        _print_json({"object": "list", "data": [dataclasses.asdict(k) for k in keys]})
+        print_json({"object": "list", "data": [dataclasses.asdict(k) for k in keys]})
         return
-    table = _table("id", "project", "created", "revoked")
+    table = new_table("id", "project", "created", "revoked")
     for k in keys:
-        table.add_row(k.id, k.project, _when(k.created_at), _when(k.revoked_at))
+        table.add_row(k.id, k.project, when(k.created_at), when(k.revoked_at))
     out.print(table)
 
 
@@ -534,7 +422,7 @@ def keys_revoke(
     """Revoke a key (every api replica refuses it within a second). Exits 1 for an unknown key."""
     revoked = admin.revoke_key(key, mongo_uri, mongo_database)
     if as_json:
-        _print_json({"revoked": revoked})
+        print_json({"revoked": revoked})
     elif revoked:
         out.print("revoked")
     else:
@@ -551,7 +439,7 @@ def main() -> None:
     try:
         app()
     except openai.APIStatusError as error:
-        err.print(f"error: {error.status_code} {_message(error)}", markup=False, soft_wrap=True)
+        err.print(f"error: {error.status_code} {error_message(error)}", markup=False, soft_wrap=True)
         sys.exit(EXIT_API_ERROR)
     except openai.APIConnectionError as error:
         err.print(f"error: cannot reach the api: {error}", markup=False, soft_wrap=True)
@@ -559,12 +447,3 @@ def main() -> None:
     except admin.MissingApiExtra as error:
         err.print(f"error: {error}", markup=False, soft_wrap=True)
         sys.exit(1)
-
-
-def _message(error: openai.APIStatusError) -> str:
-    body = error.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-    return error.message

@@ -1,11 +1,17 @@
 """A batch's live ``request_counts`` as a rich progress bar, with the rate and the time left.
 
+The time left is the batch's own estimate while it has one (``estimated_completion_at``, from the
+rate the aggregator measured over the last minute, docs/api.md), shown as ``ends in H:MM:SS``;
+before that, rich's estimate from the counts this display has seen.
+
 On a terminal the bar is redrawn in place; written to a file or a pipe (CI logs, tests) it prints
 the same columns as one line each time the status or the counts change.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 from openai.types import Batch
@@ -32,6 +38,23 @@ class LinesPerSecondColumn(ProgressColumn):
         return Text(f"{speed:.1f} lines/s" if speed else "", style="progress.data.speed")
 
 
+class TimeLeftColumn(TimeRemainingColumn):
+    """The batch's estimated end (the api's ``estimated_completion_at``) as the time left from now;
+    rich's own estimate while the batch has none."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def render(self, task: Task) -> Text:
+        end = task.fields.get("estimated_end")
+        if not isinstance(end, int | float) or task.finished:
+            return super().render(task)
+        left = max(0, int(end - self._clock()))
+        hours, rest = divmod(left, 3600)
+        return Text(f"ends in {hours}:{rest // 60:02d}:{rest % 60:02d}", style="progress.remaining")
+
+
 class BatchProgress:
     """Call with each batch state read (``wait(on_progress=...)``); use as a context manager."""
 
@@ -45,7 +68,7 @@ class BatchProgress:
             MofNCompleteColumn(),
             TaskProgressColumn(),
             LinesPerSecondColumn(),
-            TimeRemainingColumn(),
+            TimeLeftColumn(),
             TextColumn("{task.fields[failed]}", style="red"),
             console=console,
             auto_refresh=self.live,
@@ -73,7 +96,9 @@ class BatchProgress:
         done = (counts.completed if counts else 0) + failed
         failures = f"{failed} failed" if failed else ""
         if self._task is None:
-            self._task = self._progress.add_task("batch", total=None, batch_id="", status="", failed="")
+            self._task = self._progress.add_task(
+                "batch", total=None, batch_id="", status="", failed="", estimated_end=None
+            )
         self._progress.update(
             self._task,
             total=total or None,
@@ -81,6 +106,7 @@ class BatchProgress:
             batch_id=batch.id,
             status=batch.status,
             failed=failures,
+            estimated_end=(batch.model_extra or {}).get("estimated_completion_at"),
         )
         state = (batch.status, done, total, failed)
         if not self.live and state != self._last:

@@ -17,7 +17,7 @@ import sys
 from services.inference.consumer import FatalConsumerError, RequestConsumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.engine import Engine, ReportsReadiness
-from services.inference.engines import open_engine
+from services.inference.engine_factory import open_engine
 from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
 from services.inference.heartbeat import heartbeat_forever
@@ -39,9 +39,7 @@ class Worker:
         self.mongo_settings = MongoSettings()
         self.engine: Engine | None = None
         self.consumer: RequestConsumer | None = None
-        self.health = HealthServer(
-            self.inference.health_port, self._ready, host=self.inference.health_host, checks=self._checks
-        )
+        self.health = HealthServer(self._ready, self.inference, checks=self._checks)
 
     def _ready(self) -> bool:
         return self.consumer is not None and self.consumer.running
@@ -84,7 +82,7 @@ class Worker:
         producer = make_producer(self.kafka)
         await producer.start()
         control = BatchControl()
-        handler = RequestHandler.from_settings(engine, self.inference, control)
+        handler = RequestHandler(engine, control=control, settings=self.inference)
         follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)
         heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
         following: asyncio.Task[None] | None = None

@@ -3,7 +3,7 @@
 vLLM keeps at most ``max_loras`` adapters active at once and loads another in place of the least
 recently used one. The worker follows the same rule over the lines it hands the engine, so
 ``ADAPTER_LOADS`` counts the loads a line order causes: the dispatcher sends a mixed batch's lines
-adapter by adapter (``services/api/dispatch/order.py``, tags) to keep it low. It is the worker's
+adapter by adapter (``services/api/service/dispatch_order.py``, tags) to keep it low. It is the worker's
 count of the engine's policy, not a reading of the engine.
 """
 

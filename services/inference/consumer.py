@@ -27,16 +27,17 @@ import logging
 import time
 from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from services.inference import metrics
 from services.inference.handler import RequestHandler
-from services.inference.intake import Answer, Refusal, ReplyTopicProbe, RequestIntake, Run, echo
+from services.inference.intake import Publish, Refusal, ReplyTopicProbe, RequestIntake, Run, echo
 from services.inference.offsets import OffsetTracker
 from services.inference.publisher import ResultPublisher, Undeliverable
-from services.inference.settings import InferenceSettings, default
+from services.inference.settings import InferenceSettings, worker_defaults
 from shared.kafka import connection
 from shared.protocol.messages import (
     RESULT_TOO_LARGE_CODE,
@@ -112,28 +113,26 @@ class RequestConsumer:
         *,
         topic: str,
         results_topic: str,
-        in_flight_limit: int,
-        max_publishing: int = default("max_publishing"),
-        drain_timeout_s: float = default("drain_timeout_s"),
-        publish_attempts: int = default("publish_attempts"),
-        publish_retry_max_wait_s: float = default("publish_retry_max_wait_s"),
-        commit_interval_s: float = default("commit_interval_s"),
+        settings: InferenceSettings | None = None,
         keepalive_poll_s: float = KEEPALIVE_POLL_S,
         kafka: KafkaSettings | None = None,
         reply_probe: ReplyTopicProbe | None = None,
     ) -> None:
+        """The window, publishing, draining and commits as ``settings`` say (without settings,
+        their defaults)."""
+        settings = settings if settings is not None else worker_defaults()
         self.consumer = consumer
         self.producer = producer
         self.handler = handler
         self.topic = topic
         self.results_topic = results_topic
-        self.in_flight_limit = max(1, in_flight_limit)
-        self.max_publishing = max(1, max_publishing)
-        self.drain_timeout_s = drain_timeout_s
+        self.in_flight_limit = max(1, settings.in_flight_limit)
+        self.max_publishing = max(1, settings.max_publishing)
+        self.drain_timeout_s = settings.drain_timeout_s
         self.publisher = ResultPublisher(
-            producer, attempts=publish_attempts, retry_max_wait_s=publish_retry_max_wait_s
+            producer, attempts=settings.publish_attempts, retry_max_wait_s=settings.publish_retry_max_wait_s
         )
-        self.commit_interval_s = commit_interval_s
+        self.commit_interval_s = settings.commit_interval_s
         self.keepalive_poll_s = keepalive_poll_s
         kafka = kafka if kafka is not None else KafkaSettings()
         self.intake = RequestIntake.from_settings(kafka, AggregatorSettings())
@@ -166,12 +165,7 @@ class RequestConsumer:
             handler,
             topic=requests_topic(kafka, model_id),
             results_topic=results_topic(kafka),
-            in_flight_limit=inference.in_flight_limit,
-            max_publishing=inference.max_publishing,
-            drain_timeout_s=inference.drain_timeout_s,
-            publish_attempts=inference.publish_attempts,
-            publish_retry_max_wait_s=inference.publish_retry_max_wait_s,
-            commit_interval_s=inference.commit_interval_s,
+            settings=inference,
             kafka=kafka,
             reply_probe=ReplyTopicProbe(kafka),
         )
@@ -285,7 +279,7 @@ class RequestConsumer:
                 error = LineError(
                     code=RESULT_TOO_LARGE_CODE, message=RESULT_TOO_LARGE_MESSAGE.format(detail=exc)
                 )
-                failed = outcome.result.model_copy(update={"response": None, "usage": None, "error": error})
+                failed = msgspec.structs.replace(outcome.result, response=None, usage=None, error=error)
                 await self.publisher.publish(failed, self.results_topic, group=True, where=where)
         else:
             try:
@@ -297,7 +291,7 @@ class RequestConsumer:
                 await self._dead_letter(record, refusal, where)
         self.offsets.finish(partition, record.offset, epoch)
 
-    async def _outcome(self, record: ConsumerRecord[Any, Any], where: str) -> Answer | Refusal:
+    async def _outcome(self, record: ConsumerRecord[Any, Any], where: str) -> Publish | Refusal:
         """The message's answer (run on the engine when the intake says so), or its refusal."""
         verdict = self.intake.judge(record)
         if isinstance(verdict, Refusal):
@@ -309,13 +303,13 @@ class RequestConsumer:
                     verdict.message.request_id if isinstance(verdict, Run) else verdict.result.request_id
                 )
                 return Refusal("reply_undeliverable", problem, request_id, verdict.reply_topic)
-        if isinstance(verdict, Answer):
+        if isinstance(verdict, Publish):
             return verdict
         message = verdict.message
         if log.isEnabledFor(logging.DEBUG):
             context = {"batch_id": message.batch_id, "custom_id": message.custom_id, "at": where}
             log.debug("running request", extra=context)
-        return Answer(await self.handler.handle(message), verdict.reply_topic)
+        return Publish(await self.handler.handle(message), verdict.reply_topic)
 
     async def _dead_letter(self, record: ConsumerRecord[Any, Any], refusal: Refusal, where: str) -> None:
         metrics.DEAD_LETTERS.labels(reason=refusal.reason).inc()

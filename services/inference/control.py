@@ -14,12 +14,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import pydantic
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from shared.kafka import connection, decode
 from shared.protocol.messages import ControlMessage
+from shared.protocol.wire import convert
 from shared.settings import KafkaSettings
 from shared.topics import control_topic
 
@@ -166,8 +166,8 @@ class ControlFollower:
                 self.control.forget(key.decode(errors="replace"))
             return
         try:
-            message = ControlMessage.model_validate(decode(value))
-        except (ValueError, pydantic.ValidationError) as exc:
+            message = convert(decode(value), ControlMessage)
+        except ValueError as exc:  # not JSON, or not a control message (msgspec.ValidationError)
             log.warning("skipping an invalid control message: %s", exc, extra={"at": where})
             return
         if self.control.apply(message):

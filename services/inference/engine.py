@@ -6,8 +6,8 @@ embedding or score ``list``, or a rerank answer; or an error envelope), as raw J
 the token usage beside it. It never raises for a bad request: a client mistake is a 4xx answer,
 so the worker goes on.
 
-The cancellation rule, which every engine enforces itself (``runs.RunRegistry`` does it for
-both engines), so that nobody above it has to check again:
+The cancellation rule, which every engine enforces itself (each runs every request through
+``RunRegistry``, below), so that nobody above it has to check again:
 
     A request that is stopped before it finishes has no answer. ``run`` never returns one for it.
     ``abort(request_id)`` makes that request's ``run`` raise ``RequestAborted``; cancelling the
@@ -23,28 +23,30 @@ Failures that are not the request's: ``EngineUnavailable`` (the engine died; the
 and a 5xx answer (overloaded, restarting, an internal error: may pass, so the worker retries it a
 bounded number of times). A 4xx answer is the request's own fault and is final.
 
-This module imports no engine: ``engines.open_engine`` builds one.
+This module imports no engine: ``engine_factory.open_engine`` builds one.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from shared.protocol.anthropic import MESSAGES  # Anthropic's Messages API, as vLLM serves it
 from shared.protocol.messages import TokenUsage
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-EMBEDDINGS = "/v1/embeddings"
-RESPONSES = "/v1/responses"
-# vLLM's extensions for a cross-encoder on the pooling runner (its ``/score`` and ``/rerank``).
-SCORE = "/v1/score"
-RERANK = "/v1/rerank"
-GENERATE_ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
+from shared.protocol.openai import (  # noqa: F401 (the endpoints the contract serves, listed there)
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    GENERATE_ENDPOINTS,
+    MESSAGES,
+    RERANK,
+    RESPONSES,
+    SCORE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,3 +190,64 @@ def _default_type(status: int) -> str:
     if status >= 500:
         return "InternalServerError"
     return "BadRequestError"
+
+
+# ------------------------------------------------------------------- the cancellation rule, enforced
+# An engine runs each request through ``RunRegistry.run``: the request becomes a task it can
+# abort, and whatever the work returns after an abort or a cancellation is thrown away. vLLM's
+# serving code catches a cancellation and returns a "client disconnected" error body instead of
+# raising, so without this a stopped request would come back as a failed line.
+
+
+class RunRegistry:
+    """The requests an engine is running, by request id."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, asyncio.Task[Answer]] = {}
+        self._aborted: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    async def run(self, request_id: str, work: Coroutine[Any, Any, Answer]) -> Answer:
+        """``work``'s answer, or ``RequestAborted`` / ``CancelledError`` if it was stopped."""
+        task = asyncio.ensure_future(work)
+        self._running[request_id] = task
+        try:
+            answer = await task
+        except asyncio.CancelledError:
+            if self._take_aborted(request_id) and not _cancelling():
+                raise RequestAborted(request_id) from None
+            raise
+        finally:
+            self._running.pop(request_id, None)
+        aborted = self._take_aborted(request_id)
+        if _cancelling():
+            raise asyncio.CancelledError(f"request {request_id} cancelled")
+        if aborted:
+            raise RequestAborted(request_id)
+        return answer
+
+    def abort(self, request_id: str) -> None:
+        """Stop a running request; no-op when it is unknown or finished."""
+        task = self._running.get(request_id)
+        if task is not None and not task.done():  # a finished request keeps its answer
+            self._aborted.add(request_id)
+            task.cancel()
+
+    def _take_aborted(self, request_id: str) -> bool:
+        if request_id in self._aborted:
+            self._aborted.discard(request_id)
+            return True
+        return False
+
+    def cancel_all(self) -> None:
+        """Stop every running request (engine shutdown): each ``run`` raises CancelledError."""
+        for task in list(self._running.values()):
+            task.cancel()
+
+
+def _cancelling() -> bool:
+    """Whether the current task was asked to cancel (even if an awaited task swallowed it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

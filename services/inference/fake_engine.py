@@ -24,10 +24,10 @@ from services.inference.engine import (
     RESPONSES,
     SCORE,
     Answer,
+    RunRegistry,
     error_answer,
     refuse_before_running,
 )
-from services.inference.runs import RunRegistry
 from services.inference.settings import default
 from shared.protocol.batch_input import ScoreBody
 from shared.protocol.messages import TokenUsage
@@ -35,7 +35,7 @@ from shared.protocol.messages import TokenUsage
 FAKE_TEXT = "ok"
 EMBEDDING_DIM = 8
 # The field each endpoint's request cannot do without (what vLLM's request models require).
-_REQUIRED = {
+REQUIRED_FIELD: dict[str, str] = {
     CHAT: "messages",
     COMPLETIONS: "prompt",
     EMBEDDINGS: "input",
@@ -95,11 +95,18 @@ class FakeEngine:
         return self._answer(url, body, request_id, max_context_length)
 
     def _answer(
-        self, url: str, body: dict[str, Any], request_id: str, max_context_length: int | None
+        self,
+        url: str,
+        body: dict[str, Any],
+        request_id: str,
+        max_context_length: int | None,
+        completion_tokens: int = 1,
     ) -> Answer:
+        """The answer's body and usage; ``completion_tokens`` words of ``FAKE_TEXT`` (the
+        simulated engine's output lengths)."""
         if url in (SCORE, RERANK):
             return self._scores(url, body, request_id)
-        required = _REQUIRED[url]
+        required = REQUIRED_FIELD[url]
         if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
             return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
         if url == MESSAGES and not isinstance(body.get("max_tokens"), int):  # Anthropic requires it
@@ -117,17 +124,22 @@ class FakeEngine:
         if url == EMBEDDINGS:
             usage = TokenUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
             return Answer.of(200, self._embedding(body, usage, model), usage)
-        usage = TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=1, total_tokens=prompt_tokens + 1)
+        usage = TokenUsage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        text = FAKE_TEXT if completion_tokens == 1 else " ".join([FAKE_TEXT] * completion_tokens)
         if url == CHAT:
-            return Answer.of(200, self._chat(request_id, usage, model), usage)
+            return Answer.of(200, self._chat(request_id, usage, model, text), usage)
         if url == RESPONSES:
-            return Answer.of(200, self._response(request_id, usage, model), usage)
+            return Answer.of(200, self._response(request_id, usage, model, text), usage)
         if url == MESSAGES:
-            return Answer.of(200, self._message(request_id, usage, model), usage)
-        return Answer.of(200, self._completion(request_id, usage, model), usage)
+            return Answer.of(200, self._message(request_id, usage, model, text), usage)
+        return Answer.of(200, self._completion(request_id, usage, model, text), usage)
 
-    def _chat(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
-        message = {"role": "assistant", "content": FAKE_TEXT, "tool_calls": []}
+    def _chat(self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text, "tool_calls": []}
         return {
             "id": f"chatcmpl-{request_id}",
             "object": "chat.completion",
@@ -137,8 +149,10 @@ class FakeEngine:
             "usage": _usage_body(usage),
         }
 
-    def _completion(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
-        choice = {"index": 0, "text": FAKE_TEXT, "logprobs": None, "finish_reason": "stop"}
+    def _completion(
+        self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
         return {
             "id": f"cmpl-{request_id}",
             "object": "text_completion",
@@ -148,22 +162,26 @@ class FakeEngine:
             "usage": _usage_body(usage),
         }
 
-    def _message(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
+    def _message(
+        self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT
+    ) -> dict[str, Any]:
         """An Anthropic Messages answer as vLLM's Messages route sends it (no null fields)."""
         return {
             "id": f"chatcmpl-{request_id}",
             "type": "message",
             "role": "assistant",
-            "content": [{"type": "text", "text": FAKE_TEXT}],
+            "content": [{"type": "text", "text": text}],
             "model": model,
             "stop_reason": "end_turn",
             "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
         }
 
-    def _response(self, request_id: str, usage: TokenUsage, model: str) -> dict[str, Any]:
+    def _response(
+        self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT
+    ) -> dict[str, Any]:
         content: dict[str, Any] = {
             "type": "output_text",
-            "text": FAKE_TEXT,
+            "text": text,
             "annotations": [],
             "logprobs": None,
         }

@@ -25,15 +25,16 @@ from services.inference.engine import (
     error_answer,
 )
 from services.inference.scheduler import EngineScheduler
-from services.inference.settings import InferenceSettings, default
+from services.inference.settings import InferenceSettings, worker_defaults
 from shared import media
 from shared.protocol.messages import (
-    DefaultsLike,
     LineError,
     NotRunCode,
-    RequestLike,
+    RequestDefaults,
+    RequestMessage,
     ResponsePayload,
     ResultMessage,
+    raw_json,
 )
 from shared.retries import RetryRule, first_then_retrying
 from shared.settings import MediaSettings
@@ -46,7 +47,7 @@ _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 _MAX_OUTPUT_FIELD = "max_output_tokens"  # a Responses body's name for it
 
 
-def apply_defaults(url: str, body: dict[str, Any], defaults: DefaultsLike | None) -> None:
+def apply_defaults(url: str, body: dict[str, Any], defaults: RequestDefaults | None) -> None:
     """Fill sampling fields the body does not set (in place). Embeddings, score and rerank take
     none of them."""
     if defaults is None or url not in GENERATE_ENDPOINTS:
@@ -64,7 +65,7 @@ def apply_defaults(url: str, body: dict[str, Any], defaults: DefaultsLike | None
         body["max_tokens"] = defaults.max_decoding_length
 
 
-def context_limit(body: dict[str, Any], defaults: DefaultsLike | None) -> int | None:
+def context_limit(body: dict[str, Any], defaults: RequestDefaults | None) -> int | None:
     """The prompt + output cap: the body's ``max_context_length`` (removed) or the batch's."""
     own = body.pop("max_context_length", None)
     if isinstance(own, int) and not isinstance(own, bool) and own > 0:
@@ -72,7 +73,7 @@ def context_limit(body: dict[str, Any], defaults: DefaultsLike | None) -> int | 
     return defaults.max_context_length if defaults else None
 
 
-def never_ran(message: RequestLike, error: LineError) -> ResultMessage:
+def never_ran(message: RequestMessage, error: LineError) -> ResultMessage:
     """A result for a line that was not run (expired, cancelled, or not a valid request)."""
     return ResultMessage(
         request_id=message.request_id,
@@ -84,7 +85,7 @@ def never_ran(message: RequestLike, error: LineError) -> ResultMessage:
     )
 
 
-def answered(message: RequestLike, answer: Answer, run_id: str) -> ResultMessage:
+def answered(message: RequestMessage, answer: Answer, run_id: str) -> ResultMessage:
     """The result of a line the engine answered, or that was refused before it ran (as the
     engine would refuse it: a status and an error body)."""
     return ResultMessage(
@@ -93,7 +94,7 @@ def answered(message: RequestLike, answer: Answer, run_id: str) -> ResultMessage
         batch_id=message.batch_id,
         line=message.line,
         usage=answer.usage,
-        response=ResponsePayload(status_code=answer.status, request_id=run_id, body=answer.body),
+        response=ResponsePayload(status_code=answer.status, request_id=run_id, body=raw_json(answer.body)),
         error=None,
     )
 
@@ -104,9 +105,9 @@ class EngineRetry:
     overloaded, restarting, internal error; or an exception), and how long to wait in between
     (random exponential: ``wait_s`` doubling, at most ``max_wait_s``). A 4xx is never retried."""
 
-    attempts: int = default("engine_attempts")
-    wait_s: float = default("engine_retry_wait_s")
-    max_wait_s: float = default("engine_retry_max_wait_s")
+    attempts: int
+    wait_s: float
+    max_wait_s: float
 
     def retrying(self, context: dict[str, Any]) -> AsyncRetrying:
         """One line's retry loop (what it retries is ``ENGINE_RETRY``); ``context`` names the
@@ -154,28 +155,19 @@ class RequestHandler:
         control: BatchControl | None = None,
         retry: EngineRetry | None = None,
         scheduler: EngineScheduler | None = None,
-        adapter_places: int = default("max_loras"),
         media_domains: frozenset[str] | None = None,
+        settings: InferenceSettings | None = None,
     ) -> None:
+        """The retry, the scheduler and the adapter slots as ``settings`` say (without settings,
+        their defaults) unless given."""
+        settings = settings if settings is not None else worker_defaults()
         self.engine = engine
         self.media_domains = MediaSettings().domains if media_domains is None else media_domains
-        self.adapters = AdapterSlots(adapter_places)
+        self.adapters = AdapterSlots(settings.max_loras)
         self.clock = clock
         self.control = control if control is not None else BatchControl(clock)
-        self.retry = retry or EngineRetry()
-        self.scheduler = scheduler if scheduler is not None else EngineScheduler(engine)
-
-    @classmethod
-    def from_settings(
-        cls, engine: Engine, settings: InferenceSettings, control: BatchControl
-    ) -> RequestHandler:
-        return cls(
-            engine,
-            control=control,
-            retry=EngineRetry.from_settings(settings),
-            scheduler=EngineScheduler.from_settings(engine, settings),
-            adapter_places=settings.max_loras,
-        )
+        self.retry = retry or EngineRetry.from_settings(settings)
+        self.scheduler = scheduler if scheduler is not None else EngineScheduler(engine, settings)
 
     def stop_waiting(self) -> None:
         """A shutdown: the lines waiting for a place leave without an answer (uncommitted, so
@@ -187,7 +179,7 @@ class RequestHandler:
         are its lines waiting for a place."""
         await self.scheduler.cancel(batch_id)
 
-    def _never_run_reason(self, message: RequestLike) -> NotRunCode | None:
+    def _never_run_reason(self, message: RequestMessage) -> NotRunCode | None:
         if self.control.cancelled(message.batch_id):
             return "batch_cancelled"
         deadline = message.expires_at or self.control.expires_at(message.batch_id)
@@ -195,7 +187,7 @@ class RequestHandler:
             return "batch_expired"
         return None
 
-    async def handle(self, message: RequestLike) -> ResultMessage:
+    async def handle(self, message: RequestMessage) -> ResultMessage:
         """Never raises for a bad request.
 
         Raises ``CancelledError`` when the awaiting task is cancelled (a shutdown): such a
@@ -214,19 +206,29 @@ class RequestHandler:
             self._count(answer)
             return answered(message, answer, message.request_id)
         try:
-            run_id, answer = await self.scheduler.run(
-                message.batch_id,
-                partial(self._answer, message),
-                cancelled=partial(self.control.cancelled, message.batch_id),
-                project=message.project,
-            )
+            run_id, answer = await self._run(message)
         except RequestAborted:  # cancel_batch aborted it: a cancelled batch's line
             metrics.LINES.by_status["batch_cancelled"] += 1
             return never_ran(message, LineError.not_run("batch_cancelled"))
         self._count(answer)
         return answered(message, answer, run_id)
 
-    async def _answer(self, message: RequestLike, run_id: str, priority: int) -> Answer:
+    async def _run(self, message: RequestMessage) -> tuple[str, Answer]:
+        """The line in a place on the engine (``scheduler.py``), the engine's answer, and the id
+        of the run that gave it. A run aborted to make room for a young line runs again in a new
+        place unless its batch is cancelled; any other ``RequestAborted`` passes through."""
+        again = False
+        while True:
+            async with self.scheduler.place(message.batch_id, message.project, again) as place:
+                try:
+                    return place.run_id, await self._answer(message, place.run_id, place.priority)
+                except RequestAborted:
+                    if not self.scheduler.preempted(place.run_id) or self.control.cancelled(message.batch_id):
+                        raise
+                    metrics.PREEMPTED.inc()
+            again = True
+
+    async def _answer(self, message: RequestMessage, run_id: str, priority: int) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that
         may pass; after the last try, its last 5xx answer (or a 500 for an exception). Raises
         ``RequestAborted`` when the line's batch is cancelled, or the scheduler preempts the run,

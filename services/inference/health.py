@@ -16,7 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from services.inference import metrics
-from services.inference.settings import default
+from services.inference.settings import InferenceSettings, worker_defaults
 
 Checks = Callable[[], dict[str, bool]]
 
@@ -26,13 +26,14 @@ class HealthServer:
 
     def __init__(
         self,
-        port: int,
         ready: Callable[[], bool],
-        host: str = default("health_host"),
+        settings: InferenceSettings | None = None,
         checks: Checks | None = None,
     ) -> None:
-        self.port = port
-        self.host = host
+        """Listens on ``settings``' health host and port (without settings, their defaults)."""
+        settings = settings if settings is not None else worker_defaults()
+        self.port = settings.health_port
+        self.host = settings.health_host
         self.ready = ready
         self.checks: Checks = checks or (lambda: {"ready": ready()})
         self._runner: web.AppRunner | None = None

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import pydantic
+import msgspec
 from aiokafka import ConsumerRecord
 from aiokafka.errors import KafkaError, LeaderNotAvailableError, for_code
 
@@ -38,10 +38,10 @@ from shared.protocol.messages import (
     DeadLetter,
     DeadLetterReason,
     LineError,
-    RequestLike,
     RequestMessage,
     ResultMessage,
-    read_plain_request,
+    error_detail,
+    read_request,
 )
 from shared.request_signing import RequestSigner
 from shared.settings import AggregatorSettings, KafkaSettings
@@ -55,12 +55,12 @@ class Run:
     """Run ``message`` on the engine; its result goes to ``reply_topic`` (None: the results
     topic, a verified batch line)."""
 
-    message: RequestLike
+    message: RequestMessage
     reply_topic: str | None
 
 
 @dataclass(frozen=True)
-class Answer:
+class Publish:
     """Publish ``result`` without running anything (an invalid or unverified message)."""
 
     result: ResultMessage
@@ -91,7 +91,7 @@ class Refusal:
         )
 
 
-Verdict = Run | Answer | Refusal
+Verdict = Run | Publish | Refusal
 
 
 class RequestIntake:
@@ -107,16 +107,16 @@ class RequestIntake:
 
     def judge(self, record: ConsumerRecord[Any, Any]) -> Verdict:
         value: bytes = record.value or b""
-        message: RequestLike | None = read_plain_request(value)
-        if message is None:  # not as the api writes it: pydantic coerces, or words the error
+        message = read_request(value)
+        if message is None:  # not as the api writes it: coerced, or its error worded
             try:
                 raw = decode(value)
             except ValueError as exc:
                 metrics.SKIPPED.inc()
                 return Refusal("invalid_message", str(exc))
             try:
-                message = RequestMessage.model_validate(raw)
-            except pydantic.ValidationError as exc:
+                message = RequestMessage.from_value(raw)
+            except msgspec.ValidationError as exc:
                 return self._invalid(record, raw, exc)
         if message.batch_id is not None:
             if self._verified(record):
@@ -130,7 +130,7 @@ class RequestIntake:
     def _verified(self, record: ConsumerRecord[Any, Any]) -> bool:
         return self.signer.verified(record.topic, record.value or b"", record.headers)
 
-    def _unverified(self, message: RequestLike) -> Verdict:
+    def _unverified(self, message: RequestMessage) -> Verdict:
         """A message naming a batch without the api's signature: refused on its reply topic, its
         batch fields dropped (a pipeline's mistake gets an answer; nothing reaches the batch)."""
         problem = self.rule.problem(message.reply_topic)
@@ -144,12 +144,12 @@ class RequestIntake:
                     message.reply_topic,
                 )
             return refusal
-        stub = RequestMessage.model_construct(request_id=message.request_id, custom_id=message.custom_id)
+        stub = RequestMessage(request_id=message.request_id, custom_id=message.custom_id, url="", body={})
         error = LineError(code=BATCH_NOT_VERIFIED_CODE, message=BATCH_NOT_VERIFIED_MESSAGE)
-        return Answer(never_ran(stub, error), message.reply_topic)
+        return Publish(never_ran(stub, error), message.reply_topic)
 
     def _invalid(
-        self, record: ConsumerRecord[Any, Any], raw: dict[str, Any], exc: pydantic.ValidationError
+        self, record: ConsumerRecord[Any, Any], raw: dict[str, Any], exc: msgspec.ValidationError
     ) -> Verdict:
         """An error result for a message that names its line well enough and where it may be
         answered (its reply topic, or the results topic for a verified batch line); else a
@@ -157,10 +157,8 @@ class RequestIntake:
         metrics.SKIPPED.inc()
         request_id, custom_id, reply = raw.get("request_id"), raw.get("custom_id"), raw.get("reply_topic")
         where = f"{record.topic}[{record.partition}]@{record.offset}"
-        log.warning("invalid request message: %s", exc.errors(include_url=False)[:3], extra={"at": where})
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors()[:5]
-        )
+        detail = error_detail(exc)
+        log.warning("invalid request message: %s", detail, extra={"at": where})
         if not (isinstance(request_id, str) and isinstance(custom_id, str)):
             return Refusal("invalid_message", detail, request_id, reply)
         batch_id = raw.get("batch_id")
@@ -169,14 +167,16 @@ class RequestIntake:
         if not verified and self.rule.problem(reply_topic) is not None:
             return Refusal("invalid_message", detail, request_id, reply)
         line = raw.get("line")
-        stub = RequestMessage.model_construct(
+        stub = RequestMessage(
             request_id=request_id,
             custom_id=custom_id,
+            url="",
+            body={},
             batch_id=batch_id if verified else None,
             line=line if verified and isinstance(line, int) else None,
         )
         error = LineError(code="invalid_request", message=f"Invalid request message: {detail}")
-        return Answer(never_ran(stub, error), reply_topic)
+        return Publish(never_ran(stub, error), reply_topic)
 
 
 def echo(value: Any) -> str | None:

@@ -126,7 +126,7 @@ class ResultPublisher:
 
     async def dead_letter(self, letter: DeadLetter, topic: str, *, where: str) -> None:
         """Publish ``letter`` on the dead-letter topic ``topic``, retried like a result."""
-        value = letter.model_dump_json().encode()
+        value = letter.to_json()
         await self._send(topic, None, value, 0, {"reason": letter.reason, "at": where})
 
     async def publish(self, result: ResultMessage, topic: str, *, group: bool, where: str) -> None:

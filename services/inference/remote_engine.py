@@ -54,11 +54,11 @@ from services.inference.engine import (
     SCORE,
     Answer,
     EngineUnavailable,
+    RunRegistry,
     error_answer,
     error_body,
     refuse_before_running,
 )
-from services.inference.runs import RunRegistry
 from services.inference.settings import InferenceSettings
 from shared.protocol.messages import TokenUsage
 

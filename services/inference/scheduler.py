@@ -1,4 +1,4 @@
-"""Which line runs on the engine next, and which make way: the places (``places.py``) and the
+"""Which line runs on the engine next, and which make way: the places (``engine_places.py``) and the
 aborts that carry out their decisions.
 
 At most the engine's ``max_running`` lines run on it and ``engine_queue_lines`` more wait inside
@@ -18,52 +18,47 @@ be aborted).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from services.inference import metrics
-from services.inference.engine import Engine, RequestAborted
-from services.inference.places import EnginePlaces
-from services.inference.settings import InferenceSettings, default
+from services.inference.engine import Engine
+from services.inference.engine_places import EnginePlaces
+from services.inference.settings import InferenceSettings, worker_defaults
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+
+@dataclass(frozen=True)
+class Place:
+    """A line's place on the engine: the id of its run there and its priority."""
+
+    run_id: str
+    priority: int
 
 
 class EngineScheduler:
     """Runs each line in a place on one engine; the one owner of which lines are on it."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        young_batch_lines: int = default("young_batch_lines"),
-        engine_queue_lines: int = default("engine_queue_lines"),
-        young_batch_others_share: float = default("young_batch_others_share"),
-    ) -> None:
-        """``engine_queue_lines`` as the setting: -1 is as many as the engine runs."""
+    def __init__(self, engine: Engine, settings: InferenceSettings | None = None) -> None:
+        """Places for the engine's lines as ``settings`` size them (``engine_queue_lines`` -1:
+        as many as the engine runs); without settings, their defaults."""
+        settings = settings if settings is not None else worker_defaults()
         self.engine = engine
         running = engine.max_running
-        queued = running if engine_queue_lines < 0 else engine_queue_lines
-        beside_young = int(running * young_batch_others_share)
-        if young_batch_others_share > 0:
+        queued = running if settings.engine_queue_lines < 0 else settings.engine_queue_lines
+        share = settings.young_batch_others_share
+        beside_young = int(running * share)
+        if share > 0:
             beside_young = max(beside_young, 1)  # a small engine keeps one place for the others
         self.places = EnginePlaces(
             running and running + queued,
-            young_batch_lines,
-            beside_young if young_batch_others_share < 1 else None,
+            settings.young_batch_lines,
+            beside_young if share < 1 else None,
         )
         metrics.WAITING_FOR_PLACE.set_function(self.places.waiting)  # read at each scrape
-
-    @classmethod
-    def from_settings(cls, engine: Engine, settings: InferenceSettings) -> EngineScheduler:
-        return cls(
-            engine,
-            young_batch_lines=settings.young_batch_lines,
-            engine_queue_lines=settings.engine_queue_lines,
-            young_batch_others_share=settings.young_batch_others_share,
-        )
 
     def running(self, batch_id: str) -> int:
         """The batch's lines on the engine."""
@@ -73,38 +68,29 @@ class EngineScheduler:
         """The run was told to make way for a young line (it should stop and is run again)."""
         return self.places.preempted(run_id)
 
-    async def run(
-        self,
-        batch_id: str | None,
-        attempt: Callable[[str, int], Awaitable[T]],
-        cancelled: Callable[[], bool],
-        project: str | None = None,
-    ) -> tuple[str, T]:
-        """``attempt(run_id, priority)`` in a place on the engine, and the run id that gave its
-        result. ``project`` is the batch's (a batch line that names none shares one project with
-        the others that name none; a direct request's is ignored). The priority is vLLM's, the
-        line's ``turn`` (``places.py``): its batch's other lines on the engine, scaled by its
-        project's batches there (its queue order for the young lines let in over the limit, and
-        for ``engine_queue_lines``). A run aborted to make room for a young line runs
-        again under a new id unless ``cancelled()``; any other ``RequestAborted`` passes through."""
+    @asynccontextmanager
+    async def place(
+        self, batch_id: str | None, project: str | None = None, again: bool = False
+    ) -> AsyncIterator[Place]:
+        """A place on the engine for one run of a line (waits for it), given back on leaving.
+        ``project`` is the batch's (a batch line that names none shares one project with the
+        others that name none; a direct request's is ignored); ``again``: a run again after a
+        preemption (not counted as a line started). The place's priority is vLLM's, the line's
+        ``turn`` (``engine_places.py``): its batch's other lines on the engine, scaled by its project's
+        batches there (its queue order for the young lines let in over the limit, and for
+        ``engine_queue_lines``). A young line's place is made by aborting others (``preempted``
+        says which: they should run again)."""
         group = batch_id or ""
-        first = True
-        while True:
-            run_id = new_id("req_")
-            young = await self.places.take(group, run_id, direct=not batch_id, project=project or "")
-            if first:
-                metrics.LINES.started += 1  # handed to the engine (a run again is not counted)
-                first = False
-            try:
-                if young:
-                    await self._make_room()
-                return run_id, await attempt(run_id, self.places.turn(group))
-            except RequestAborted:
-                if not self.places.preempted(run_id) or cancelled():
-                    raise
-                metrics.PREEMPTED.inc()
-            finally:
-                self.places.give_back(group, run_id)
+        run_id = new_id("req_")
+        young = await self.places.take(group, run_id, direct=not batch_id, project=project or "")
+        if not again:
+            metrics.LINES.started += 1  # handed to the engine (a run again is not counted)
+        try:
+            if young:
+                await self._make_room()
+            yield Place(run_id, self.places.turn(group))
+        finally:
+            self.places.give_back(group, run_id)
 
     async def cancel(self, batch_id: str) -> None:
         """The batch's lines waiting for a place stop waiting and those on the engine are aborted

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.settings import WORKER_COMMIT_INTERVAL_S
 
 # The engines ``engines.open_engine`` builds.
-EngineName = Literal["vllm", "remote", "fake"]
+EngineName = Literal["vllm", "remote", "fake", "sim"]
 
 # The worker's default window: lines it holds per engine place (see ``max_in_flight``).
 IN_FLIGHT_PER_PLACE = 16
@@ -29,7 +29,12 @@ class InferenceSettings(BaseSettings):
     engine: EngineName = "vllm"
     """``vllm`` (the model in this process), ``remote`` (each line sent to an OpenAI-compatible
     server at ``remote_url``; no model here), or ``fake``: instant answers without a model, for
-    tests and the pipeline benchmark."""
+    tests and the pipeline benchmark; or ``sim``: a simulated GPU (``sim_engine.py``: continuous
+    batching, a KV cache, step times of a published vLLM curve) for the benchmarks' comparisons
+    of orders and policies, never a claim about hardware."""
+    sim_speedup: float = Field(default=1.0, gt=0)
+    """The ``sim`` engine's clock: simulated seconds per wall-clock second (10: a simulated hour
+    in six minutes). Every time it reports is simulated time divided by this."""
     fake_seconds_per_token: float = Field(default=0.0, ge=0)
     """The ``fake`` engine's pace: each request takes this many seconds per ``max_tokens`` (1
     when the body has none); 0: instant. Tests use it to keep a batch running for a while."""
@@ -222,7 +227,7 @@ class InferenceSettings(BaseSettings):
                 raise ValueError("the remote engine needs BATCHSTREAM_INFERENCE_REMOTE_URL (its server)")
             if not self.model_id:
                 raise ValueError("set BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME to the model's name")
-        elif not self.model and self.engine != "fake":
+        elif not self.model and self.engine not in ("fake", "sim"):
             raise ValueError("set BATCHSTREAM_INFERENCE_MODEL to the model folder or name")
         return self
 
@@ -233,6 +238,13 @@ class InferenceSettings(BaseSettings):
     @property
     def in_flight_limit(self) -> int:
         return self.max_in_flight or IN_FLIGHT_PER_PLACE * self.max_num_seqs
+
+
+def worker_defaults() -> InferenceSettings:
+    """``InferenceSettings`` as they are when nothing is set (no environment read): what an
+    object built without the worker's settings (in a test) is given, so it behaves like the
+    worker's."""
+    return InferenceSettings.model_construct()
 
 
 def default(field: str) -> Any:

@@ -49,10 +49,10 @@ from services.inference.engine import (
     SCORE,
     Answer,
     EngineUnavailable,
+    RunRegistry,
     error_answer,
     refuse_before_running,
 )
-from services.inference.runs import RunRegistry
 from services.inference.settings import InferenceSettings
 from shared.protocol.anthropic import AnthropicErrorResponse
 from shared.protocol.messages import TokenUsage

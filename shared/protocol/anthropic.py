@@ -17,9 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.lifecycle import TERMINAL
 from shared.protocol.openai import BatchBase
 
-MESSAGES: Final = "/v1/messages"
-"""The endpoint of a message batch's lines (Anthropic's Messages API, as vLLM serves it)."""
-
 ANTHROPIC_API: Final = "anthropic"
 """The ``api`` of a stored batch created through ``/v1/messages/batches``."""
 

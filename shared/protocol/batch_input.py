@@ -13,7 +13,7 @@ import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from shared.protocol.openai import Endpoint
+from shared.protocol.openai import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RERANK, RESPONSES, SCORE, Endpoint
 
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonEmptyText = Annotated[str, Field(min_length=1)]
@@ -161,11 +161,11 @@ class RerankBody(RequestBody):
 
 
 BODY_BY_ENDPOINT: dict[Endpoint, tuple[type[RequestBody], str]] = {
-    "/v1/chat/completions": (ChatCompletionBody, "messages"),
-    "/v1/completions": (CompletionBody, "prompt"),
-    "/v1/embeddings": (EmbeddingBody, "input"),
-    "/v1/responses": (ResponsesBody, "input"),
-    "/v1/messages": (MessagesBody, "messages"),
-    "/v1/score": (ScoreBody, "queries"),
-    "/v1/rerank": (RerankBody, "query"),
+    CHAT: (ChatCompletionBody, "messages"),
+    COMPLETIONS: (CompletionBody, "prompt"),
+    EMBEDDINGS: (EmbeddingBody, "input"),
+    RESPONSES: (ResponsesBody, "input"),
+    MESSAGES: (MessagesBody, "messages"),
+    SCORE: (ScoreBody, "queries"),
+    RERANK: (RerankBody, "query"),
 }

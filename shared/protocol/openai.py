@@ -21,6 +21,15 @@ Endpoint = Literal[
     "/v1/rerank",
 ]
 SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
+"""The one list of the endpoints a batch line may name; the names below are its members."""
+CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, SCORE, RERANK = SUPPORTED_ENDPOINTS
+GENERATE_ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
+"""The endpoints a generative model serves (the others run on the pooling runner)."""
+
+COMPLETION_WINDOW = "24h"
+"""A batch's completion window when it names none: OpenAI's one window."""
+COMPLETION_WINDOWS: dict[str, int] = {COMPLETION_WINDOW: 24 * 3600}
+"""The completion windows a batch may ask for, in seconds."""
 
 
 class FileBase(BaseModel):
@@ -133,6 +142,10 @@ class Batch(BatchBase, SamplingDefaults):
     # failure's details (= the first of errors.data).
     started_at: int | None = None
     error: BatchError | None = None
+    # batchstream's extensions, while the batch is in progress (docs/api.md, "Estimated completion"):
+    # when its lines will be done at its recent rate (unix seconds), and that rate; else null.
+    estimated_completion_at: int | None = None
+    estimated_rate_lines_per_s: float | None = None
 
 
 class ModelCard(BaseModel):

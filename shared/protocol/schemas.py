@@ -1,12 +1,12 @@
-"""JSON Schema files for the public Kafka messages, generated from the typed models.
+"""JSON Schema files for the public Kafka messages, generated from their msgspec Structs.
 
     python -m shared.protocol.schemas            # rewrite docs/schemas/*.json
     python -m shared.protocol.schemas --check    # exit 1 when a checked-in file is stale
 
-The request schema is what a publisher may send (validation mode: defaults may be left out); the
-result schema is what a reader receives (serialization mode: every field is present). A unit test
-fails when the checked-in files differ from what the models generate, so a change to
-``shared/protocol/messages.py`` is one command away from its published schema.
+The request schema is what a publisher may send (a field with a default may be left out); the
+result schema is what a reader receives (every field is present: all are required). A unit test
+fails when the checked-in files differ from what the Structs generate, so a change to a message
+(shared/protocol/messages.py lists them) is one command away from its published schema.
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+import msgspec
 
 from shared.protocol.messages import DeadLetter, RequestMessage, ResultGroup, ResultMessage
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
-# file name -> (model, the side of the wire it describes)
-SCHEMAS: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]]] = {
+_REF = "#/$defs/{name}"
+
+# file name -> (message, the side of the wire it describes)
+SCHEMAS: dict[str, tuple[type[msgspec.Struct], Literal["validation", "serialization"]]] = {
     "request-message.json": (RequestMessage, "validation"),
     "result-message.json": (ResultMessage, "serialization"),
     "result-group.json": (ResultGroup, "serialization"),
@@ -33,18 +35,28 @@ SCHEMAS: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]
 }
 
 
-def schema_of(model: type[BaseModel], mode: Literal["validation", "serialization"]) -> dict[str, Any]:
-    return {"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema(mode=mode)}
+def schema_of(message: type[msgspec.Struct], mode: Literal["validation", "serialization"]) -> dict[str, Any]:
+    """The message's schema, its parts in ``$defs``; on the serialization side every field of
+    every part is required (a reader receives them all, null or not)."""
+    (top,), parts = msgspec.json.schema_components([message], ref_template=_REF)
+    parts = dict(parts)
+    if mode == "serialization":
+        for part in parts.values():
+            if "properties" in part:
+                part["required"] = list(part["properties"])
+    schema = parts.pop(message.__name__)
+    assert top == {"$ref": _REF.format(name=message.__name__)}
+    return {"$schema": JSON_SCHEMA_DIALECT, **schema, **({"$defs": parts} if parts else {})}
 
 
 def render(name: str) -> str:
     """The file's text: stable key order, two-space indents, one trailing newline."""
-    model, mode = SCHEMAS[name]
-    return json.dumps(schema_of(model, mode), indent=2, ensure_ascii=False) + "\n"
+    message, mode = SCHEMAS[name]
+    return json.dumps(schema_of(message, mode), indent=2, ensure_ascii=False) + "\n"
 
 
 def stale(directory: Path = DEFAULT_DIR) -> list[str]:
-    """The schema files in ``directory`` that are missing or differ from the models."""
+    """The schema files in ``directory`` that are missing or differ from the messages."""
     return [
         name
         for name in SCHEMAS

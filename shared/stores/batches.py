@@ -1,148 +1,33 @@
-"""The ``batches`` collection: every read and write of a batch document goes through here.
+"""The ``batches`` collection's records and status changes: the api's reads and writes of a
+batch document, the quotas' and the console's views, and every move of a batch's status.
+
+Two more stores own the fields of one role each: the dispatcher's (``dispatcher.py``) and
+the aggregator's (``batch_progress.py``).
 
 Status changes are named operations (start, fail, request_cancel, finalizing, finish) guarded by
 the lifecycle: each is one conditional update on the statuses the move may start from
 (:func:`shared.lifecycle.sources`), so a racing writer can never move a batch that already left
-them, and each returns whether it moved the batch. A move to a terminal status calls the
-store's ``on_end`` listener (the webhook event recorder, ``shared/webhooks.py``) right after it
-succeeds, so every way a batch ends records its event in this one place.
+them, and each returns whether it moved the batch. A move to a terminal status records the
+batch's webhook event (``EventRecorder.batch_ended``, ``shared/webhooks.py``) right after it
+succeeds, so every way a batch ends records its event where the batch ends.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from pymongo import DESCENDING, UpdateOne
+from pymongo import DESCENDING
 from pymongo.asynchronous.collection import AsyncCollection
 
 from shared import lifecycle
-from shared.documents import PROGRESS_SAMPLES, BatchDocument
+from shared.documents import BatchDocument
 from shared.lifecycle import BatchStatus
 from shared.protocol.openai import BatchError, BatchErrors
-from shared.seen_lines import SeenLines
 
 Document = dict[str, Any]
-# (batch id, project, terminal status), awaited after a batch ended.
-EndListener = Callable[[str, str, BatchStatus], Awaitable[None]]
-
-
-# The batch document's fields the api's dispatcher reads (``DispatchView``).
-DISPATCH_FIELDS = {
-    "model": 1,
-    "project": 1,
-    "status": 1,
-    "priority": 1,
-    "prefix_order": 1,
-    "expires_at": 1,
-    "sort_key": 1,
-    "input_file_id": 1,
-    "defaults": 1,
-    "request_counts.total": 1,
-    "emitted": 1,
-    "resumed": 1,
-    "parts": 1,
-    "emitted_parts": 1,
-    "mixed_models": 1,
-}
-
-
-def dispatch_unit(batch_id: str, part: int | None) -> str:
-    """What the dispatcher sends and positions as one: the batch, or one part of a mixed batch."""
-    return batch_id if part is None else f"{batch_id}#{part}"
-
-
-@dataclass(frozen=True)
-class DispatchView:
-    """What the api's dispatcher reads of a batch it may dispatch (``DISPATCH_FIELDS``)."""
-
-    batch_id: str
-    model: str | None
-    project: str
-    status: str
-    priority: int
-    prefix_order: bool  # sent in its dispatch order (services/api/dispatch/order.py)
-    expires_at: float  # infinity when the batch has no deadline
-    sort_key: int
-    input_file_id: str
-    defaults: Document
-    total: int
-    emitted: bool  # every line was sent
-    resumed: bool  # run again after a broker loss: lines with a result (seen_lines) are not sent
-    part: int | None = None  # a mixed batch's part (the lines of ``model``), or None: every line
-    parts: int = 1  # how many parts the batch has
-
-    @property
-    def unit(self) -> str:
-        return dispatch_unit(self.batch_id, self.part)
-
-    @classmethod
-    def of_document(cls, doc: Document) -> list[DispatchView]:
-        """The batch's view, or one per part of a mixed batch (``shared/documents.py``)."""
-        view = cls.from_document(doc)
-        parts = doc.get("parts")
-        if not doc.get("mixed_models") or not parts:
-            if parts:  # one model: its base model's workers run it (an adapter's lines too)
-                return [replace(view, model=parts[0].get("model") or view.model)]
-            return [view]
-        emitted, n = set(doc.get("emitted_parts") or ()), len(parts)
-        return [
-            replace(view, model=p.get("model"), total=int(p["lines"]), part=i, parts=n, emitted=i in emitted)
-            for i, p in enumerate(parts)
-        ]
-
-    @classmethod
-    def from_document(cls, doc: Document) -> DispatchView:
-        expires_at = doc.get("expires_at")
-        return cls(
-            batch_id=str(doc["_id"]),
-            model=doc.get("model"),
-            project=str(doc.get("project") or "default"),
-            status=str(doc["status"]),
-            priority=int(doc.get("priority") or 0),
-            prefix_order=bool(doc.get("prefix_order")),
-            expires_at=float(expires_at) if expires_at is not None else float("inf"),
-            sort_key=int(doc.get("sort_key") or 0),
-            input_file_id=str(doc.get("input_file_id") or ""),
-            defaults=dict(doc.get("defaults") or {}),
-            total=int((doc.get("request_counts") or {}).get("total") or 0),
-            emitted=bool(doc.get("emitted")),
-            resumed=bool(doc.get("resumed")),
-        )
-
-
-@dataclass(frozen=True)
-class LiveCounts:
-    """A batch's counts so far, as the aggregator flushes them."""
-
-    completed: int
-    failed: int
-    usage: Mapping[str, Any]
-    seen_lines: bytes | None = None  # the seen-lines bitmap, for the api's dispatcher (lost lines)
-    sample: bool = True  # also append these counts to the batch's progress history
-
-
-@dataclass(frozen=True)
-class BatchSummary:
-    """The few fields the aggregator needs on its hot path (a projected read)."""
-
-    batch_id: str
-    status: str
-    total: int
-    project: str
-    expires_at: int | None
-    resumed: bool = False  # its counts restart from the stored ones (``BatchStore.resume``)
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in lifecycle.TERMINAL
-
-    @property
-    def settled(self) -> bool:
-        """True when a cached copy can be trusted (total known, or the batch is over)."""
-        return self.terminal or (self.status in lifecycle.RUNNING and self.total > 0)
 
 
 @dataclass(frozen=True)
@@ -156,19 +41,21 @@ class EnqueuedBatch:
     enqueued_at: int  # nanoseconds, when it was set
 
 
-def _sample(now: float, counts: LiveCounts) -> Document:
-    """A ``$push`` of one progress sample, keeping the newest ``PROGRESS_SAMPLES``."""
-    return {"$each": [[now, counts.completed, counts.failed]], "$slice": -PROGRESS_SAMPLES}
-
-
 def _now() -> int:
     return int(time.time())
 
 
+class EndRecorder(Protocol):
+    """Records an ended batch's webhook event: ``shared.webhooks.EventRecorder``."""
+
+    async def batch_ended(self, batch_id: str, project: str, status: BatchStatus) -> None: ...
+
+
 class BatchStore:
-    def __init__(self, collection: AsyncCollection[Document], on_end: EndListener | None = None) -> None:
+    def __init__(self, collection: AsyncCollection[Document], events: EndRecorder | None = None) -> None:
+        """``events``: records each ended batch's webhook event (None: no events)."""
         self._batches = collection
-        self._on_end = on_end
+        self._events = events
 
     # ---------------------------------------------------------------- reads
 
@@ -185,20 +72,6 @@ class BatchStore:
 
     async def exists(self, batch_id: str) -> bool:
         return bool(await self._batches.count_documents({"_id": batch_id}, limit=1))
-
-    async def summary(self, batch_id: str) -> BatchSummary | None:
-        projection = {"status": 1, "request_counts.total": 1, "project": 1, "expires_at": 1, "resumed": 1}
-        doc = await self._batches.find_one({"_id": batch_id}, projection)
-        if doc is None:
-            return None
-        return BatchSummary(
-            batch_id=str(doc["_id"]),
-            status=str(doc.get("status", "")),
-            total=int((doc.get("request_counts") or {}).get("total") or 0),
-            project=str(doc.get("project") or "default"),
-            expires_at=doc.get("expires_at"),
-            resumed=bool(doc.get("resumed")),
-        )
 
     async def page(
         self,
@@ -228,63 +101,34 @@ class BatchStore:
         query = {"input_file_id": file_id, "status": {"$in": sorted(lifecycle.OPEN)}}
         return bool(await self._batches.count_documents(query, limit=1))
 
-    async def overdue(self, now: float, cancel_timeout_s: float, limit: int) -> list[str]:
-        """Ids of batches that must end now although lines may lack results (expiry sweep).
-
-        The filter form of ``services/aggregator/closing.close_reason``, plus batches left
-        ``finalizing`` for ``cancel_timeout_s`` (the finalize ends them ``completed``).
-        """
-        query = {
-            "$or": [
-                {"status": {"$in": sorted(lifecycle.EXPIRABLE)}, "expires_at": {"$lte": now}},
-                {"status": "cancelling", "cancelling_at": {"$lte": now - cancel_timeout_s}},
-                # The api's dispatcher saw every line it sent come back: no need to wait.
-                {"status": "cancelling", "dispatch_settled": True},
-                # A finalize that has not ended as long after it began lost its finalizer (an
-                # aggregator whose state was reset): the batch's results are all in its chunks.
-                {"status": "finalizing", "finalizing_at": {"$lte": now - cancel_timeout_s}},
-            ]
-        }
-        cursor = self._batches.find(query, {"_id": 1}).limit(limit)
-        return [str(doc["_id"]) async for doc in cursor]
-
-    async def resumed_ids(self) -> list[str]:
-        """Batches running again after a broker loss (``resume``): the aggregator's sweep checks
-        those it has no state for, which may be complete already."""
-        query = {"status": "in_progress", "resumed": True}
-        return [str(d["_id"]) async for d in self._batches.find(query, {"_id": 1})]
-
-    async def in_progress_ids(self) -> list[str]:
-        return [str(d["_id"]) async for d in self._batches.find({"status": "in_progress"}, {"_id": 1})]
-
     # ---------------------------------------------------------------- transitions
 
     async def _move(self, batch_id: str, target: BatchStatus, fields: Document | None = None) -> bool:
         update = {"status": target, f"{target}_at": _now(), **(fields or {})}
         guard = {"_id": batch_id, "status": {"$in": sorted(lifecycle.sources(target))}}
-        if self._on_end is None or target not in lifecycle.TERMINAL:
+        if self._events is None or target not in lifecycle.TERMINAL:
             result = await self._batches.update_one(guard, {"$set": update})
             return result.modified_count > 0
-        # ``end_recorded`` is False from the move until the listener has run, in the same update
+        # ``end_recorded`` is False from the move until the event is recorded, in the same update
         # as the move: a process killed in between leaves a mark ``unrecorded_ends`` finds.
         update["end_recorded"] = False
         before = await self._batches.find_one_and_update(guard, {"$set": update}, projection={"project": 1})
         if before is None:
             return False
-        await self._on_end(batch_id, str(before.get("project") or "default"), target)
+        await self._events.batch_ended(batch_id, str(before.get("project") or "default"), target)
         await self._batches.update_one({"_id": batch_id}, {"$set": {"end_recorded": True}})
         return True
 
     async def announce_end(self, batch: BatchDocument) -> None:
-        """Call the end listener again for a batch found terminal (a finalize repeated after a
-        crash between the move and the listener, or ``unrecorded_ends``; the recorder stores an
+        """Record the webhook event again for a batch found terminal (a finalize repeated after a
+        crash between the move and the recording, or ``unrecorded_ends``; the recorder stores an
         event once)."""
-        if self._on_end is not None and batch.status in lifecycle.TERMINAL:
-            await self._on_end(batch.id, batch.project, batch.status)
+        if self._events is not None and batch.status in lifecycle.TERMINAL:
+            await self._events.batch_ended(batch.id, batch.project, batch.status)
             await self._batches.update_one({"_id": batch.id}, {"$set": {"end_recorded": True}})
 
     async def unrecorded_ends(self, ended_before: float, limit: int) -> list[BatchDocument]:
-        """Batches that ended before ``ended_before`` whose end listener never ran (the process
+        """Batches that ended before ``ended_before`` whose event was never recorded (the process
         that moved them was killed first): to be announced again."""
         ended = [{"status": s, f"{s}_at": {"$lt": ended_before}} for s in sorted(lifecycle.TERMINAL)]
         cursor = self._batches.find({"end_recorded": False, "$or": ended}, limit=limit)
@@ -301,7 +145,7 @@ class BatchStore:
         enqueued_at: int = 0,
     ) -> bool:
         """validating -> in_progress, with the model, the number of request lines, whether a
-        dispatch order was made (``services/api/dispatch/order.py``), the lines' parts by base
+        dispatch order was made (``services/api/service/dispatch_order.py``), the lines' parts by base
         model and the lines and estimated tokens per model the quotas count (``enqueued``,
         ``shared/documents.py``)."""
         fields: Document = {
@@ -354,39 +198,9 @@ class BatchStore:
 
     # ---------------------------------------------------------------- other writes
 
-    async def mark_emitted(self, batch_id: str, part: int | None = None, parts: int = 1) -> None:
-        """The dispatcher has published every line of the batch (of one of its ``parts``)."""
-        if part is None:
-            await self._batches.update_one({"_id": batch_id}, {"$set": {"emitted": True}})
-            return
-        await self._batches.update_one({"_id": batch_id}, {"$addToSet": {"emitted_parts": part}})
-        every = {"_id": batch_id, f"emitted_parts.{parts - 1}": {"$exists": True}}
-        await self._batches.update_one(every, {"$set": {"emitted": True}})
-
     async def mark_dispatchable(self, batch_id: str) -> None:
         """Validated: the api's dispatcher may stream its lines (services/api/dispatch)."""
         await self._batches.update_one({"_id": batch_id}, {"$set": {"dispatchable": True}})
-
-    async def settle_dispatch(self, batch_id: str, part: int | None = None, parts: int = 1) -> None:
-        """A cancelling batch whose every dispatched line came back (of each of its ``parts``):
-        the aggregator may end it."""
-        if part is not None:
-            await self._batches.update_one({"_id": batch_id}, {"$addToSet": {"settled_parts": part}})
-        every: Document = {"_id": batch_id, "status": "cancelling"}
-        if part is not None:
-            every[f"settled_parts.{parts - 1}"] = {"$exists": True}
-        await self._batches.update_one(every, {"$set": {"dispatch_settled": True}})
-
-    async def dispatch_queue(self) -> list[DispatchView]:
-        """What the api's dispatcher reads of every validated batch still running or cancelling."""
-        query = {"dispatchable": True, "status": {"$in": sorted(lifecycle.DISPATCHING)}}
-        found = self._batches.find(query, DISPATCH_FIELDS)
-        return [view async for doc in found for view in DispatchView.of_document(doc)]
-
-    async def seen_lines(self, batch_ids: Iterable[str]) -> dict[str, SeenLines]:
-        """The aggregator's seen-lines bitmaps of these batches, as last flushed."""
-        found = self._batches.find({"_id": {"$in": list(batch_ids)}}, {"seen_lines": 1})
-        return {str(d["_id"]): SeenLines.from_compressed(d.get("seen_lines")) async for d in found}
 
     async def count_attempt(self, batch_id: str) -> int:
         """Count one more processing attempt; returns the attempts so far, this one included."""
@@ -394,72 +208,6 @@ class BatchStore:
             {"_id": batch_id}, {"$inc": {"attempts": 1}}, projection={"attempts": 1}, return_document=True
         )
         return int((doc or {}).get("attempts") or 0)
-
-    async def live_counts(self, counts: Mapping[str, LiveCounts]) -> int:
-        """Write the counts so far of many batches in one bulk request; returns the batches sent.
-
-        Absolute values (``$set``), so a flush repeated after a crash is harmless (it may add one
-        more progress sample); only batches still counting are written (a finished batch keeps its
-        final counts).
-        """
-        if not counts:
-            return 0
-        guard = sorted(lifecycle.COUNTING)
-        now = round(time.time(), 3)
-        updates = [
-            UpdateOne(
-                {"_id": batch_id, "status": {"$in": guard}},
-                {
-                    "$set": {
-                        "request_counts.completed": c.completed,
-                        "request_counts.failed": c.failed,
-                        "usage": dict(c.usage),
-                        **({"seen_lines": c.seen_lines} if c.seen_lines is not None else {}),
-                    },
-                    # A bounded history for the progress plot, on the same write.
-                    **(
-                        {
-                            "$push": {
-                                "progress": {
-                                    "$each": [[now, c.completed, c.failed]],
-                                    "$slice": -PROGRESS_SAMPLES,
-                                }
-                            }
-                        }
-                        if c.sample
-                        else {}
-                    ),
-                },
-            )
-            for batch_id, c in counts.items()
-        ]
-        await self._batches.bulk_write(updates, ordered=False)
-        return len(updates)
-
-    async def resume(self, batch_id: str, counts: LiveCounts) -> list[str]:
-        """Run an in_progress batch again after the broker lost its messages, from what its stored
-        results say (``counts``, tallied from its result chunks): the dispatcher sends only the
-        lines without a result, the aggregator counts on from these counts (``resumed``). Returns
-        the batch's dispatch units (``dispatch_unit``), whose positions must go."""
-        doc = await self._batches.find_one_and_update(
-            {"_id": batch_id, "status": "in_progress"},
-            {
-                "$set": {
-                    "emitted": False,
-                    "emitted_parts": [],
-                    "resumed": True,
-                    "request_counts.completed": counts.completed,
-                    "request_counts.failed": counts.failed,
-                    "usage": dict(counts.usage),
-                    "seen_lines": counts.seen_lines or b"",
-                },
-            },
-            projection={"parts": 1, "mixed_models": 1},
-        )
-        parts = (doc or {}).get("parts") or ()
-        if not (doc or {}).get("mixed_models"):
-            return [batch_id]
-        return [dispatch_unit(batch_id, i) for i in range(len(parts))]
 
     # ---------------------------------------------------------------- quotas (services/api/quotas)
 

@@ -200,12 +200,18 @@ async def test_20000_lines_exact_counts_flat_memory_and_live_counts(
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         seen_completed: list[int] = []
+        estimates: list[tuple[float, int, float]] = []  # (seen at, estimated end, its rate)
         while True:
             batch = await client.batches.retrieve(created.id)
             if batch.status in TERMINAL:
                 break
             if batch.request_counts and batch.request_counts.completed not in seen_completed:
                 seen_completed.append(batch.request_counts.completed)
+            extra = batch.model_extra or {}
+            if batch.status == "in_progress" and extra.get("estimated_completion_at") is not None:
+                estimates.append(
+                    (time.time(), extra["estimated_completion_at"], extra["estimated_rate_lines_per_s"])
+                )
             assert time.monotonic() - started < 300, batch
             await asyncio.sleep(0.1)
         elapsed = time.monotonic() - started
@@ -219,6 +225,11 @@ async def test_20000_lines_exact_counts_flat_memory_and_live_counts(
     intermediate = [c for c in seen_completed if 0 < c < total]
     assert len(intermediate) >= 2, seen_completed
     assert seen_completed == sorted(seen_completed)  # never goes down
+    # While it ran, the batch showed when it would end, at a rate it had shown; once ended, no more.
+    assert estimates and all(rate > 0 and seen - 60 <= end <= seen + 3600 for seen, end, rate in estimates), (
+        estimates
+    )
+    assert (batch.model_extra or {}).get("estimated_completion_at", "absent") is None
     output = await read_lines_async(client, batch.output_file_id)
     assert sorted(x["custom_id"] for x in output) == sorted(ids)
     usage = batch.usage

@@ -31,6 +31,7 @@ from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
+from tests.support.fakes import FakeDispatcher
 from tests.support.fresh_mongo import fresh_mongo
 from tests.support.waiting import eventually
 
@@ -72,6 +73,7 @@ async def service(stand_ins: Stack, mongo: Mongo) -> AsyncIterator[tuple[BatchSe
         store,
         files,
         emitter,  # type: ignore[arg-type]
+        FakeDispatcher(),  # type: ignore[arg-type]
         settings,
         DispatchSettings(),
     )

@@ -321,6 +321,8 @@ async def test_lines_sharing_a_prefix_are_sent_together_to_one_partition(
 
 async def test_a_prefix_ordered_batch_keeps_the_input_order_and_may_opt_out(client: AsyncOpenAI) -> None:
     lines = shared_prefix_lines(FAKE_MODEL, documents=6, questions=5, seed=11)
+    for n, line in enumerate(lines):  # lengths that differ: the order goes longest first too
+        line["body"]["max_tokens"] = 1 + n * 7 % 5
     ordered = await create_from_lines(client, lines)
     plain = await create_from_lines(client, lines, prefix_order=False)
     for batch, expected in ((ordered, True), (plain, False)):

@@ -23,6 +23,7 @@ from services.inference import metrics
 from services.inference.consumer import FatalConsumerError, RequestConsumer, make_consumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
+from services.inference.settings import InferenceSettings
 from shared.kafka import encode, make_producer
 from shared.protocol.messages import RequestMessage, result_values
 from shared.settings import KafkaSettings
@@ -146,10 +147,8 @@ def worker(settings: KafkaSettings, group: str, **options: object) -> tuple[Requ
         RequestHandler(FakeEngine(model_id=MODEL, seconds_per_token=0.01)),
         topic=requests_topic(settings, MODEL),
         results_topic=results_topic(settings),
-        in_flight_limit=4,
-        drain_timeout_s=5,
+        settings=InferenceSettings(engine="fake", max_in_flight=4, drain_timeout_s=5, **options),  # type: ignore[arg-type]
         kafka=settings,
-        **options,  # type: ignore[arg-type]
     )
     return consumer, producer
 

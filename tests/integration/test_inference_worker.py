@@ -18,10 +18,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from deploy.local import free_port
-from services.inference.consumer import RequestConsumer, make_consumer
+from services.inference.consumer import KEEPALIVE_POLL_S, RequestConsumer, make_consumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
+from services.inference.settings import InferenceSettings
 from shared.kafka import encode, make_producer
 from shared.protocol.messages import ControlMessage, RequestMessage
 from shared.settings import KafkaSettings
@@ -117,6 +118,7 @@ async def _worker_results(
     engine: FakeEngine,
     reply: str,
     count: int,
+    keepalive_poll_s: float = KEEPALIVE_POLL_S,
     **options: Any,
 ) -> list[dict]:
     """Run a worker on ``engine`` until ``count`` results reached ``reply``, then stop it."""
@@ -128,9 +130,9 @@ async def _worker_results(
         RequestHandler(engine),
         topic=requests_topic(settings, MODEL),
         results_topic=f"{settings.topic_prefix}results",
-        drain_timeout_s=5,
+        settings=InferenceSettings(engine="fake", drain_timeout_s=5, **options),
+        keepalive_poll_s=keepalive_poll_s,
         kafka=settings,
-        **options,
     )
     running = asyncio.create_task(worker.run())
     try:
@@ -148,7 +150,7 @@ async def test_one_result_per_request_and_offsets_committed(kafka: KafkaSettings
     group = f"g-{uuid.uuid4().hex[:6]}"
     engine = FakeEngine(model_id=MODEL)
     # A small window, so that it fills.
-    results = await _worker_results(kafka, make_consumer(kafka, group), engine, reply, 10, in_flight_limit=2)
+    results = await _worker_results(kafka, make_consumer(kafka, group), engine, reply, 10, max_in_flight=2)
 
     by_id = {r["custom_id"]: r for r in results}
     assert len(results) == 10 and len(by_id) == 10
@@ -188,7 +190,7 @@ async def test_a_window_full_longer_than_the_poll_interval_keeps_its_partitions(
     engine = FakeEngine(model_id=MODEL, seconds_per_token=0.1)
     consumer = make_consumer(kafka, f"g-{uuid.uuid4().hex[:6]}", max_poll_interval_ms=2500)
     results = await _worker_results(
-        kafka, consumer, engine, reply, 3, in_flight_limit=1, max_publishing=1, keepalive_poll_s=0.2
+        kafka, consumer, engine, reply, 3, max_in_flight=1, max_publishing=1, keepalive_poll_s=0.2
     )
     assert sorted(r["custom_id"] for r in results) == ["slow-0", "slow-1", "slow-2"]
     assert engine.calls == 3  # no line ran twice

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,9 @@ from shared.documents import BatchDocument, FileDocument
 from shared.mongo import Mongo
 from shared.protocol.openai import BatchError, FileObject, ModelCard
 from shared.seen_lines import SeenLines
-from shared.stores.batches import MIXED, BatchStore, LiveCounts
+from shared.stores.batch_progress import BatchProgressStore, LiveCounts
+from shared.stores.batches import MIXED, BatchStore
+from shared.stores.dispatcher import DispatchQueueStore
 from shared.stores.files import FileStore
 from shared.stores.models import WORKER_FORGOTTEN_S, ModelStore
 from tests.support.fresh_mongo import fresh_mongo
@@ -33,6 +36,16 @@ async def mongo(stand_ins: Stack) -> AsyncIterator[Mongo]:
 @pytest.fixture
 def batches(mongo: Mongo) -> BatchStore:
     return BatchStore(mongo.batches)
+
+
+@pytest.fixture
+def progress(mongo: Mongo) -> BatchProgressStore:
+    return BatchProgressStore(mongo.batches)
+
+
+@pytest.fixture
+def queue(mongo: Mongo) -> DispatchQueueStore:
+    return DispatchQueueStore(mongo.batches)
 
 
 @pytest.fixture
@@ -58,10 +71,10 @@ async def new_batch(store: BatchStore, project: str = "p", **fields: object) -> 
     return batch
 
 
-async def test_a_batch_runs_through_its_lifecycle(batches: BatchStore) -> None:
+async def test_a_batch_runs_through_its_lifecycle(batches: BatchStore, progress: BatchProgressStore) -> None:
     batch = await new_batch(batches)
     assert await batches.start(batch.id, "m", 3)
-    assert await batches.live_counts({batch.id: LiveCounts(2, 1, {"total_tokens": 7})}) == 1
+    assert await progress.live_counts({batch.id: LiveCounts(2, 1, {"total_tokens": 7})}) == 1
     assert await batches.finalizing(batch.id)
     ended = await batches.finish(
         batch.id,
@@ -81,7 +94,7 @@ async def test_a_batch_runs_through_its_lifecycle(batches: BatchStore) -> None:
     assert public.id == batch.id and public.output_file_id == "file-out"
 
 
-async def test_a_terminal_batch_cannot_be_moved(batches: BatchStore) -> None:
+async def test_a_terminal_batch_cannot_be_moved(batches: BatchStore, progress: BatchProgressStore) -> None:
     batch = await new_batch(batches)
     assert await batches.fail(batch.id, [BatchError(code="empty_file", message="empty")])
     assert not await batches.start(batch.id, "m", 3)  # a late validator loses
@@ -89,7 +102,7 @@ async def test_a_terminal_batch_cannot_be_moved(batches: BatchStore) -> None:
     assert not await batches.finalizing(batch.id)
     done = {"output_file_id": None, "error_file_id": None, "request_counts": {}, "usage": {}}
     assert not await batches.finish(batch.id, "expired", **done)
-    assert await batches.live_counts({batch.id: LiveCounts(5, 0, {})}) == 1  # sent, but not applied
+    assert await progress.live_counts({batch.id: LiveCounts(5, 0, {})}) == 1  # sent, but not applied
     stored = await batches.get(batch.id)
     assert stored is not None and stored.status == "failed"
     assert stored.errors is not None and stored.errors.data[0].code == "empty_file"
@@ -120,7 +133,9 @@ async def test_reads_are_scoped_to_the_project_and_page_newest_first(batches: Ba
     assert [b.id for b in rest] == [made[0].id]
 
 
-async def test_overdue_finds_expired_and_stuck_cancels(batches: BatchStore) -> None:
+async def test_overdue_finds_expired_and_stuck_cancels(
+    batches: BatchStore, progress: BatchProgressStore
+) -> None:
     now = time.time()
     expired = await new_batch(batches, status="in_progress", expires_at=int(now) - 1)
     running = await new_batch(batches, status="in_progress")
@@ -129,32 +144,34 @@ async def test_overdue_finds_expired_and_stuck_cancels(batches: BatchStore) -> N
     # A finalize that never ended (its aggregator's state was reset), and one that just began.
     left_finalizing = await new_batch(batches, status="finalizing", finalizing_at=int(now) - 120)
     finalizing = await new_batch(batches, status="finalizing", finalizing_at=int(now))
-    found = set(await batches.overdue(now, 60, 1000))
+    found = set(await progress.overdue(now, 60, 1000))
     assert {expired.id, cancelling.id, left_finalizing.id} <= found
     assert not {running.id, done.id, finalizing.id} & found
 
 
-async def test_resume_and_unfinished_work(batches: BatchStore) -> None:
+async def test_resume_and_unfinished_work(
+    batches: BatchStore, progress: BatchProgressStore, queue: DispatchQueueStore
+) -> None:
     batch = await new_batch(batches, status="in_progress", emitted=True, request_counts={"total": 9})
-    await batches.live_counts({batch.id: LiveCounts(4, 1, {})})
-    assert batch.id in await batches.in_progress_ids()
+    await progress.live_counts({batch.id: LiveCounts(4, 1, {})})
+    assert batch.id in await progress.in_progress_ids()
     answered = SeenLines()
     for line in (1, 2, 5):
         answered.add(line)
     usage = {"input_tokens": 6, "output_tokens": 3, "total_tokens": 9}
-    await batches.resume(batch.id, LiveCounts(2, 1, usage, answered.compressed()))
+    await progress.resume(batch.id, LiveCounts(2, 1, usage, answered.compressed()))
     stored = await batches.get(batch.id)
     assert stored is not None and not stored.emitted and stored.resumed
     assert (stored.request_counts.completed, stored.request_counts.failed) == (2, 1)
     assert stored.usage.output_tokens == 3
     assert [n for n in range(1, 10) if n in SeenLines.from_compressed(stored.seen_lines)] == [1, 2, 5]
-    assert batch.id in await batches.resumed_ids()
-    summary = await batches.summary(batch.id)
+    assert batch.id in await progress.resumed_ids()
+    summary = await progress.summary(batch.id)
     assert summary is not None and summary.resumed
     assert batch.id in {b.id for b in await batches.unfinished_work()}
     await batches.mark_dispatchable(batch.id)  # handed to the dispatcher: the api's work is done
     assert batch.id not in {b.id for b in await batches.unfinished_work()}
-    assert next(v for v in await batches.dispatch_queue() if v.batch_id == batch.id).resumed
+    assert next(v for v in await queue.views() if v.batch_id == batch.id).resumed
     assert await batches.count_attempt(batch.id) == 1
     assert await batches.count_attempt(batch.id) == 2
 
@@ -199,7 +216,8 @@ async def test_an_end_whose_listener_never_ran_is_found_and_announced_once(mongo
     async def recorder(batch_id: str, project: str, status: str) -> None:
         announced.append((batch_id, project, status))
 
-    dying, sweeping = BatchStore(mongo.batches, killed_first), BatchStore(mongo.batches, recorder)
+    dying = BatchStore(mongo.batches, SimpleNamespace(batch_ended=killed_first))  # type: ignore[arg-type]
+    sweeping = BatchStore(mongo.batches, SimpleNamespace(batch_ended=recorder))  # type: ignore[arg-type]
     lost = await new_batch(dying, project="hooks")
     with pytest.raises(RuntimeError):
         await dying.fail(lost.id, [BatchError(code="invalid_json_line", message="bad", line=1)])
@@ -216,12 +234,12 @@ async def test_an_end_whose_listener_never_ran_is_found_and_announced_once(mongo
 
 
 async def test_the_progress_history_is_kept_per_flush_and_bounded(
-    batches: BatchStore, monkeypatch: pytest.MonkeyPatch
+    batches: BatchStore, monkeypatch: pytest.MonkeyPatch, progress: BatchProgressStore
 ) -> None:
-    monkeypatch.setattr("shared.stores.batches.PROGRESS_SAMPLES", 3)
+    monkeypatch.setattr("shared.stores.batch_progress.PROGRESS_SAMPLES", 3)
     batch = await new_batch(batches, status="in_progress", request_counts={"total": 9})
     for done in range(1, 6):
-        await batches.live_counts({batch.id: LiveCounts(done, done // 2, {})})
+        await progress.live_counts({batch.id: LiveCounts(done, done // 2, {})})
     total, samples = await batches.progress(batch.id, "p") or (0, [])
     assert total == 9
     assert [(s[1], s[2]) for s in samples] == [(3, 1), (4, 2), (5, 2)]  # the newest three, oldest first

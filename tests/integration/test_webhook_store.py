@@ -28,6 +28,7 @@ from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
+from tests.support.fakes import FakeDispatcher
 from tests.support.fresh_mongo import fresh_mongo
 from tests.support.waiting import eventually
 
@@ -48,7 +49,7 @@ def events(mongo: Mongo) -> WebhookEventStore:
 @pytest.fixture
 def batches(mongo: Mongo, events: WebhookEventStore) -> BatchStore:
     endpoints = {"hooked": WebhookEndpoint(url="http://127.0.0.1:1/hooks", secret=SECRET)}
-    return BatchStore(mongo.batches, on_end=EventRecorder(events, endpoints).batch_ended)
+    return BatchStore(mongo.batches, EventRecorder(events, endpoints))
 
 
 async def new_batch(store: BatchStore, project: str, status: str = "in_progress") -> str:
@@ -147,7 +148,7 @@ async def test_batch_failed_is_recorded_when_recording_failed_once_after_the_mov
 ) -> None:
     endpoints = {"hooked": WebhookEndpoint(url="http://127.0.0.1:1/hooks", secret=SECRET)}
     flaky = RecorderFailingOnceFake(EventRecorder(events, endpoints))
-    batches = BatchStore(mongo.batches, on_end=flaky.batch_ended)
+    batches = BatchStore(mongo.batches, flaky)
     store = ObjectStore(stand_ins.storage_settings())
     settings = ApiSettings(process_attempts=3, process_retry_wait_s=0.01)
     files = FileService(FileStore(mongo.files), batches, store, settings)
@@ -157,8 +158,9 @@ async def test_batch_failed_is_recorded_when_recording_failed_once_after_the_mov
         IdempotencyStore(mongo.idempotency),
         store,
         files,
-        None,
-        settings,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        FakeDispatcher(),  # type: ignore[arg-type]
+        settings,
         DispatchSettings(),
     )
     try:

@@ -2,6 +2,8 @@
 
 - ``FakeClock``: ``clock()`` is ``clock.now``; ``advance`` moves it (for the time-based decisions
   of the aggregator and the api's dispatcher, which take a clock).
+- ``FakeDispatcher``: what the api's batch service wakes when a batch becomes dispatchable
+  (counts the wakes), where no dispatcher runs.
 - ``FakeResultsView``: what faust's bookkeeping would tell the stall check (backlog, phase,
   recovery position), as the test sets it.
 """
@@ -21,6 +23,14 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class FakeDispatcher:
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
 
 
 @dataclass

@@ -4,7 +4,6 @@
 
 const KEY_STORAGE = "batchstream.console.key";
 const POLL_MS = 1000;
-const API_PAGE = 100; // the list endpoints' largest page
 
 const state = { key: localStorage.getItem(KEY_STORAGE) || "", config: null, view: 0, timers: [], flash: "" };
 
@@ -80,11 +79,13 @@ function fmtBytes(n) {
   return `${value.toFixed(value < 10 ? 1 : 0)} ${units[i]}`;
 }
 
-// Seconds left at the batch's rate since it started; null when there is nothing to go on.
+// Seconds left: the batch's own estimate (estimated_completion_at, from its rate over the last
+// minute) when it has one, else at its rate since it started; null when there is nothing to go on.
 function timeLeft(batch) {
   const c = batch.request_counts, done = c.completed + c.failed;
   if (terminal(batch.status) || !batch.in_progress_at || !c.total) return null;
   if (done >= c.total) return 0;
+  if (batch.estimated_completion_at) return Math.max(0, batch.estimated_completion_at - Date.now() / 1000);
   const elapsed = Date.now() / 1000 - batch.in_progress_at;
   if (done === 0 || elapsed <= 0) return null;
   return (c.total - done) / (done / elapsed);
@@ -218,7 +219,7 @@ async function listBatches(status, size, after) {
   const batches = [];
   let cursor = after, hasMore = true;
   while (batches.length < size && hasMore) {
-    const params = new URLSearchParams({ limit: String(Math.min(API_PAGE, size - batches.length)) });
+    const params = new URLSearchParams({ limit: String(Math.min(state.config.pages.batches_max, size - batches.length)) });
     if (cursor) params.set("after", cursor);
     if (status) params.set("status", status);
     const page = await api(`/v1/batches?${params}`);
@@ -248,7 +249,7 @@ function batchRow(batch) {
 
 function batchesPage(query, view) {
   const status = query.get("status") || "";
-  const size = Number(query.get("size") || 100);
+  const size = Number(query.get("size") || state.config.pages.batches_default);
   const cursors = (query.get("cursors") || "").split(",").filter(Boolean); // the pages before
   const after = cursors.length ? cursors[cursors.length - 1] : null;
   const go = (changes) => {
@@ -260,7 +261,7 @@ function batchesPage(query, view) {
     h("option", { value: "" }, "All statuses"),
     state.config.statuses.map((s) => h("option", { value: s, selected: s === status }, s.replace("_", " "))));
   const sizeSelect = h("select", { id: "page-size", onchange: (e) => go({ size: e.target.value, cursors: "" }) },
-    [20, 100, 1000].map((n) => h("option", { value: n, selected: n === size }, n)));
+    state.config.pages.batches_sizes.map((n) => h("option", { value: n, selected: n === size }, n)));
   const tbody = h("tbody", {});
   const summary = h("p", { class: "muted", "aria-live": "polite" }, "Loading…");
   const prev = h("button", { type: "button", disabled: !cursors.length, onclick: () => go({ cursors: cursors.slice(0, -1).join(",") }) }, "← Newer");
@@ -298,7 +299,7 @@ function batchesPage(query, view) {
     const open = [...shown.values()].filter((b) => !terminal(b.status)).map((b) => b.id);
     const fresh = [];
     if (!after) {
-      const params = new URLSearchParams({ limit: String(Math.min(API_PAGE, size)) });
+      const params = new URLSearchParams({ limit: String(Math.min(state.config.pages.batches_max, size)) });
       if (status) params.set("status", status);
       const head = (await api(`/v1/batches?${params}`)).data;
       const added = head.filter((b) => !shown.has(b.id));
@@ -318,8 +319,8 @@ function batchesPage(query, view) {
     } else if (wanted.size) {
       // Many open: list the open statuses (newest first) until each is found.
       let cursor = null;
-      for (let pages = 0; wanted.size && pages <= Math.ceil(size / API_PAGE); pages += 1) {
-        const params = new URLSearchParams({ limit: String(API_PAGE), status: openStatuses.join(",") });
+      for (let pages = 0; wanted.size && pages <= Math.ceil(size / state.config.pages.batches_max); pages += 1) {
+        const params = new URLSearchParams({ limit: String(state.config.pages.batches_max), status: openStatuses.join(",") });
         if (cursor) params.set("after", cursor);
         const page = await api(`/v1/batches?${params}`);
         for (const b of page.data) if (wanted.delete(b.id)) fresh.push(b);
@@ -436,7 +437,7 @@ function errorLinesSection(batchId, view) {
   const load = async (reset) => {
     const ask = ++asked; // a newer request makes this one's answer stale
     const from = reset ? 0 : offset;
-    const params = new URLSearchParams({ offset: String(from), limit: "50" });
+    const params = new URLSearchParams({ offset: String(from), limit: String(state.config.pages.error_lines) });
     if (customId.value.trim()) params.set("custom_id", customId.value.trim());
     if (code.value.trim()) params.set("code", code.value.trim());
     let page;
@@ -519,7 +520,9 @@ function batchPage(batchId, view) {
     if (key !== actionsKey) { actionsBox.replaceChildren(actions); actionsKey = key; }
     details.replaceChildren(...[
       progressBar(c, true),
-      h("p", { id: "counts" }, countsText(c), ended ? "" : ` · time left ${fmtDuration(timeLeft(batch))}`),
+      h("p", { id: "counts" }, countsText(c), ended ? "" : ` · time left ${fmtDuration(timeLeft(batch))}`,
+        !ended && batch.estimated_completion_at ? h("span", { id: "estimated-end" },
+          ` · ends about ${fmtTime(batch.estimated_completion_at)} at ${batch.estimated_rate_lines_per_s} lines/s`) : ""),
       validation,
       h("div", { class: "grid" },
         h("section", { class: "card" }, h("h2", {}, "Status"), timeline(batch)),
@@ -659,7 +662,7 @@ function filesPage(query, view) {
       tbody)),
     h("div", { class: "pager" }, prev, next));
   const load = async () => {
-    const params = new URLSearchParams({ limit: String(API_PAGE) });
+    const params = new URLSearchParams({ limit: String(state.config.pages.files) });
     if (cursors.length) params.set("after", cursors[cursors.length - 1]);
     const page = await api(`/v1/files?${params}`);
     if (view !== state.view) return;

@@ -3,8 +3,8 @@
 Each round, for every model with queued batches whose lease this replica holds: read the group's
 backlog (``meter``), ask the policy how to split what the topic may take (``policy``), read those
 lines from the input files in object storage (``reader``), publish one ``RequestMessage`` per line,
-record each line's partition and offset (``journey``) and advance the batch's position
-(``positions``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
+record each line's partition and offset (``sent_lines``) and advance the batch's position
+(``PositionStore``, persisted every ``position_flush_s``). Every ``journey_check_seconds`` the lines
 consumed but never answered are sent again (``recovery``). The batch service marks a validated batch
 ``dispatchable`` and wakes the loop; cancelled and expired batches simply stop being dispatched.
 """
@@ -16,31 +16,28 @@ import logging
 import struct
 import time
 from collections.abc import Callable
-from contextlib import aclosing
 
 from aiokafka import AIOKafkaProducer
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
+from services.api.announcer import ControlAnnouncer
 from services.api.dispatch import metrics
-from services.api.dispatch.journey import JourneyBook
-from services.api.dispatch.lease import LeaseStore
-from services.api.dispatch.meter import Backlog, GroupProbe
-from services.api.dispatch.order import Affinity, OrderCursor
-from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, at_risk
-from services.api.dispatch.positions import Position, PositionStore
-from services.api.dispatch.reader import InputLine
+from services.api.dispatch.meter import GroupProbe
+from services.api.dispatch.order import OrderCursor
+from services.api.dispatch.policy import QueuedBatch, at_risk
 from services.api.dispatch.recovery import Recovery
+from services.api.dispatch.refusals import Refusals
 from services.api.dispatch.sender import LineSender, Refused
 from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import REFUSALS, ModelState, QueuedState, Sending
-from services.api.service.announcer import ControlAnnouncer
 from shared.kafka import ensure_topics, make_admin
 from shared.mongo import Mongo
 from shared.protocol.messages import ControlMessage
 from shared.protocol.openai import BatchError
 from shared.settings import KafkaSettings
 from shared.storage import ObjectNotFound, ObjectStore
-from shared.stores.batches import BatchStore, DispatchView
+from shared.stores.batches import BatchStore
+from shared.stores.dispatcher import DispatchQueueStore, DispatchView, LeaseStore, Position, PositionStore
 from shared.stores.files import FileStore
 from shared.topics import inference_group, requests_topic
 
@@ -74,10 +71,12 @@ class Dispatcher:
         self.clock = clock
         self.leases = LeaseStore(mongo.dispatch_leases, owner, settings.lease_ttl_s)
         self.positions = PositionStore(mongo.dispatch_positions)
+        self.queue = DispatchQueueStore(mongo.batches)
         self.probe = GroupProbe(make_admin(kafka))
         self.sender = LineSender(producer, kafka)
         self.announcer = ControlAnnouncer(producer, kafka)
-        self.recovery = Recovery(batches, store, self.sender, settings)
+        self.recovery = Recovery(self.queue, store, self.sender, settings)
+        self.refusals = Refusals(self.queue, store, self.sender, settings)
         self.batches: dict[str, QueuedState] = {}
         self.models: dict[str, ModelState] = {}
         self._ensured: set[str] = set()
@@ -182,7 +181,7 @@ class Dispatcher:
             try:
                 if model == REFUSALS:
                     if await self._lead(model, now):
-                        sent += await self._refuse(now)
+                        sent += await self.refusals.answer(self.batches.values(), now)
                 elif await self._lead(model, now):
                     await self._meter(model, now)
                     sent += await self._dispatch(model, now)
@@ -217,7 +216,7 @@ class Dispatcher:
 
     async def _refresh(self, now: float) -> None:
         self._refresh_now, self._refreshed_at = False, now
-        views = await self.batch_store.dispatch_queue()
+        views = await self.queue.views()
         fresh = [v for v in views if v.unit not in self.batches and (v.model or v.part is not None)]
         if fresh:
             await self._add(fresh, now)
@@ -233,7 +232,7 @@ class Dispatcher:
         positions = await self.positions.load([v.unit for v in views])
         keys = await self.files.object_keys(list({v.input_file_id for v in views}))
         # A batch resumed after a broker loss: its lines with a stored result are not sent again.
-        answered = await self.batch_store.seen_lines([v.batch_id for v in views if v.resumed])
+        answered = await self.queue.seen_lines([v.batch_id for v in views if v.resumed])
         for view in views:
             key = keys.get(view.input_file_id)
             if key is None:
@@ -244,7 +243,7 @@ class Dispatcher:
             self.batches[state.unit] = state
             if state.model == REFUSALS:
                 continue  # answered here, never on Kafka's requests topics
-            # Lines an earlier dispatcher sent: their offsets are unknown here (journey.py).
+            # Lines an earlier dispatcher sent: their offsets are unknown here (sent_lines.py).
             book = self._model(state.model).book
             book.doubt(state.batch_id, position.line, position.byte, position.sent, now)
 
@@ -261,28 +260,7 @@ class Dispatcher:
     def _model(self, model: str) -> ModelState:
         found = self.models.get(model)
         if found is None:
-            s = self.settings
-            found = ModelState(
-                topic=requests_topic(self.kafka, model),
-                backlog=Backlog(
-                    s.worker_window,
-                    s.backlog_seconds,
-                    s.min_backlog,
-                    s.direct_weight,
-                    commit_lag_s=s.commit_lag_s,
-                    max_backlog=s.max_backlog,
-                ),
-                book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
-                affinity=Affinity(s.affinity_slice_lines, s.affinity_slack_lines),
-                policy=FairSharePolicy(
-                    weights=s.weights(),
-                    default_weight=s.default_project_weight,
-                    tiers=s.tiers(),
-                    quantum=s.quantum_lines,
-                    start_lines=s.start_lines,
-                ),
-            )
-            self.models[model] = found
+            found = self.models[model] = ModelState.new(requests_topic(self.kafka, model), self.settings)
         return found
 
     async def _lead(self, model: str, now: float) -> bool:
@@ -387,7 +365,7 @@ class Dispatcher:
                     outgoing.add(self.sender.request(batch, line), partition)
                     pending.append(Sending(batch, line))
             placed = await outgoing.send()
-            refused = await self._refused(model, pending, placed)
+            refused = await self.refusals.undeliverable(model, pending, placed)
         except Exception:
             for batch in read:  # read again from the last acknowledged position
                 batch.skipped = 0
@@ -397,7 +375,9 @@ class Dispatcher:
             if not isinstance(where, Refused):
                 state.record(item, *where)
             item.batch.position.sent += 1
-        self._advance(read)
+        sent_at = self.clock()
+        for batch in read:  # every line read is on Kafka: the positions move past them
+            batch.advance(sent_at)
         metrics.DISPATCHED.labels(model).inc(len(pending) - refused)
         return len(pending)
 
@@ -419,23 +399,6 @@ class Dispatcher:
             for unit in units
         ]
 
-    async def _refused(
-        self, model: str, pending: list[Sending], placed: list[tuple[int, int] | Refused]
-    ) -> int:
-        """Publish the error result of each line refused for good (``sender.py``); how many."""
-        by_batch: dict[str, list[tuple[InputLine, Refused]]] = {}
-        for item, where in zip(pending, placed, strict=True):
-            if isinstance(where, Refused):
-                by_batch.setdefault(item.batch.batch_id, []).append((item.line, where))
-        for batch_id, lines in by_batch.items():
-            await self.sender.undeliverable(batch_id, lines)
-            log.error(
-                "lines refused for good: each is its own error result",
-                extra={"batch_id": batch_id, "model": model, "lines": [x.number for x, _ in lines][:20]},
-            )
-            metrics.UNDELIVERABLE.labels(model).inc(len(lines))
-        return sum(len(lines) for lines in by_batch.values())
-
     async def _unreadable(self, batch: QueuedState, exc: Exception) -> None:
         """A batch whose input (or dispatch order) cannot be read ends ``failed``, saying so; the
         other batches go on. Its lines already sent are not run (a cancel on the control topic)."""
@@ -450,60 +413,7 @@ class Dispatcher:
             )
         await self._forget({u for u, s in self.batches.items() if s.batch_id == batch.batch_id})
 
-    def _advance(self, read: list[QueuedState]) -> None:
-        """Every line read is on Kafka: the positions move past them."""
-        now = self.clock()
-        for batch in read:
-            assert batch.cursor is not None
-            batch.position.sent, batch.skipped = batch.position.sent + batch.skipped, 0
-            batch.position.line, batch.position.byte = batch.cursor.line, batch.cursor.byte
-            # Done at the end of the file, or once every request line went (trailing blanks).
-            batch.position.done = batch.cursor.exhausted or batch.position.sent >= batch.total
-            batch.started = batch.dirty = True
-            batch.rate.mark(now, batch.position.sent)
-
-    async def _refuse(self, now: float) -> int:
-        """The lines of mixed batches that name no served model: each one's ``model_not_found``
-        error result, published like the lines' results (bounded per round); a cancelled batch's
-        are left to finalize (``batch_cancelled``), and its refusals part is settled at once."""
-        answered = 0
-        for batch in [b for b in self.batches.values() if b.model == REFUSALS]:
-            if batch.status == "cancelling" and not batch.settled and await self._refusals_counted(batch):
-                await self.batch_store.settle_dispatch(batch.batch_id, batch.part, batch.parts)
-                batch.settled = True
-            if not batch.dispatchable(now) or batch.remaining <= 0:
-                continue
-            cursor = batch.open_cursor(self.store)
-            try:
-                lines = await batch.take_unanswered(cursor, self.settings.round_lines - answered)
-                await self.sender.refuse(batch.batch_id, lines)
-            except Exception:
-                batch.skipped = 0
-                await batch.close_cursor()
-                raise
-            batch.position.sent += len(lines)
-            self._advance([batch])
-            answered += len(lines)
-            if answered >= self.settings.round_lines:
-                break
-        return answered
-
     # ------------------------------------------------------------- positions
-
-    async def _refusals_counted(self, batch: QueuedState) -> bool:
-        """Whether the aggregator has counted every refusal sent for the batch (so none is filled
-        as ``batch_cancelled`` at its end): one read of the order's head, on a cancel only."""
-        if batch.position.sent == 0:
-            return True
-        seen = (await self.batch_store.seen_lines([batch.batch_id])).get(batch.batch_id)
-        if seen is None:
-            return False
-        p = batch.position
-        async with aclosing(batch.sent_before(self.store, p.line, p.byte)) as sent:
-            async for item in sent:
-                if item.number not in seen:
-                    return False
-        return True
 
     async def _save_positions(self, now: float, force: bool = False) -> None:
         for batch in list(self.batches.values()):
@@ -518,7 +428,7 @@ class Dispatcher:
             await self.positions.save(batch.unit, batch.position)
             batch.dirty, batch.saved_at = False, now
             if batch.position.done and not batch.emitted:
-                await self.batch_store.mark_emitted(batch.batch_id, batch.part, batch.parts)
+                await self.queue.mark_emitted(batch.batch_id, batch.part, batch.parts)
                 batch.emitted = True
                 await batch.close_cursor()
 

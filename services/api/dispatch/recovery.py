@@ -1,4 +1,4 @@
-"""Acting on the journey books (``journey.py``): lost lines sent again, cancels settled.
+"""Acting on the journey books (``sent_lines.py``): lost lines sent again, cancels settled.
 
 Every ``journey_check_seconds``, for each model this replica dispatches: read the ``seen_lines`` of
 the batches with lines past the group's commit, send again those overdue without a result (a
@@ -18,16 +18,16 @@ from services.api.dispatch.settings import DispatchSettings
 from services.api.dispatch.state import ModelState, QueuedState, Sending
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore
-from shared.stores.batches import BatchStore
+from shared.stores.dispatcher import DispatchQueueStore
 
 log = logging.getLogger(__name__)
 
 
 class Recovery:
     def __init__(
-        self, batches: BatchStore, store: ObjectStore, sender: LineSender, settings: DispatchSettings
+        self, queue: DispatchQueueStore, store: ObjectStore, sender: LineSender, settings: DispatchSettings
     ) -> None:
-        self.batches, self.store, self.sender, self.settings = batches, store, sender, settings
+        self.queue, self.store, self.sender, self.settings = queue, store, sender, settings
 
     async def check(self, model: str, state: ModelState, batches: dict[str, QueuedState], now: float) -> None:
         """``batches``: the model's, by batch id (a batch has one dispatch unit per model)."""
@@ -41,7 +41,7 @@ class Recovery:
     async def _seen(self, batch_ids: list[str]) -> dict[str, SeenLines]:
         if not batch_ids:
             return {}
-        return await self.batches.seen_lines(batch_ids)
+        return await self.queue.seen_lines(batch_ids)
 
     async def _settle_cancels(self, state: ModelState, batches: list[QueuedState], now: float) -> None:
         """Cancelling batches whose sent lines all came back may end now (``dispatch_settled``);
@@ -50,7 +50,7 @@ class Recovery:
         for batch_id, seen in (await self._seen(list(cancelling))).items():
             if state.book.cancel_settled(batch_id, seen, now):
                 batch = cancelling[batch_id]
-                await self.batches.settle_dispatch(batch_id, batch.part, batch.parts)
+                await self.queue.settle_dispatch(batch_id, batch.part, batch.parts)
                 cancelling[batch_id].settled = True
                 await cancelling[batch_id].close_cursor()
 

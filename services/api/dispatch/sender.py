@@ -28,14 +28,14 @@ from aiokafka.errors import (
 )
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from services.api.dispatch.journey import LOST_CODE, SentLine
 from services.api.dispatch.reader import InputLine
+from services.api.dispatch.sent_lines import LOST_CODE, SentLine
 from services.api.dispatch.state import QueuedState
 from shared import ids
 from shared.errors import echo
 from shared.kafka import encode
 from shared.protocol.batch_input import UTF8_BOM, parse_raw_line
-from shared.protocol.messages import LineError, ResultMessage, request_message_json
+from shared.protocol.messages import LineError, RequestMessage, ResultMessage
 from shared.request_signing import RequestSigner
 from shared.settings import KafkaSettings
 from shared.stores.models import MODEL_NOT_FOUND
@@ -194,7 +194,7 @@ class LineSender:
     @staticmethod
     def _request(batch: QueuedState, line: InputLine) -> bytes:
         item = parse_raw_line(line.raw)
-        return request_message_json(
+        return RequestMessage.batch_line(
             request_id=ids.batch_request_id(),
             custom_id=item.custom_id,
             url=item.url,
@@ -202,7 +202,7 @@ class LineSender:
             batch_id=batch.batch_id,
             line=line.number,
             project=batch.project,
-            defaults=batch.defaults_json,
+            defaults=batch.message_defaults,
             expires_at=batch.expires_at,
         )
 

@@ -23,6 +23,13 @@ class DispatchSettings(BaseSettings):
     """Send a batch's lines in its prefix order (``order.py``): lines sharing a long prompt prefix
     together, so vLLM's prefix cache computes each prefix about once. Off: file order for every
     batch; a batch may also opt out at create (``prefix_order: false``)."""
+    longest_first: bool = True
+    """Within a batch's dispatch order, send the lines expected to run longest first (by their
+    ``max_tokens``, ``max_completion_tokens`` or the batch's ``max_decoding_length``; embeddings,
+    score and rerank are short), ordering the prefix groups by their longest line and the lines
+    in a group, without breaking a group. On a GPU this keeps long lines from running alone at
+    the end (the tail). Off: groups by their first line, lines in file order. Applies to batches
+    sent in a dispatch order (``prefix_order``)."""
     prefix_min_shared_chars: int = Field(default=256, ge=1)
     """Lines form a prefix group when their prompts share at least this many characters (about
     a quarter as many tokens)."""

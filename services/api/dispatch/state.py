@@ -7,16 +7,16 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from services.api.dispatch.journey import JourneyBook, SentLine
 from services.api.dispatch.meter import Backlog
 from services.api.dispatch.order import Affinity, OrderCursor, scan_order
 from services.api.dispatch.policy import FairSharePolicy, QueuedBatch, SendRate
-from services.api.dispatch.positions import Position
 from services.api.dispatch.reader import InputCursor, InputLine, scan
-from shared.protocol.messages import SamplingDefaults
+from services.api.dispatch.sent_lines import JourneyBook, SentLine
+from services.api.dispatch.settings import DispatchSettings
+from shared.protocol.messages import RequestDefaults, SamplingDefaults, message_defaults
 from shared.seen_lines import SeenLines
 from shared.storage import ObjectStore, dispatch_order_key
-from shared.stores.batches import DispatchView, dispatch_unit
+from shared.stores.dispatcher import DispatchView, Position, dispatch_unit
 
 REFUSALS = ""
 """The model of a mixed batch's part whose lines name no served model: the dispatcher answers
@@ -79,7 +79,7 @@ class QueuedState:
 
     @property
     def unit(self) -> str:
-        """The batch's id, or its part's (``shared.stores.batches.dispatch_unit``)."""
+        """The batch's id, or its part's (``shared.stores.dispatcher.dispatch_unit``)."""
         return dispatch_unit(self.batch_id, self.part)
 
     @property
@@ -87,9 +87,9 @@ class QueuedState:
         return dispatch_order_key(self.batch_id, self.part)
 
     @cached_property
-    def defaults_json(self) -> dict[str, Any]:
+    def message_defaults(self) -> RequestDefaults | None:
         """The defaults as each request message carries them (computed once per batch)."""
-        return self.defaults.model_dump()
+        return message_defaults(self.defaults)
 
     @property
     def remaining(self) -> int:
@@ -109,6 +109,16 @@ class QueuedState:
             order=self.order,
             at_risk=at_risk,
         )
+
+    def advance(self, now: float) -> None:
+        """Every line read is on Kafka: the position moves past them."""
+        assert self.cursor is not None
+        self.position.sent, self.skipped = self.position.sent + self.skipped, 0
+        self.position.line, self.position.byte = self.cursor.line, self.cursor.byte
+        # Done at the end of the file, or once every request line went (trailing blanks).
+        self.position.done = self.cursor.exhausted or self.position.sent >= self.total
+        self.started = self.dirty = True
+        self.rate.mark(now, self.position.sent)
 
     def open_cursor(self, store: ObjectStore) -> InputCursor | OrderCursor:
         """The cursor at the batch's position: in its dispatch order, or in file order."""
@@ -171,6 +181,30 @@ class ModelState:
     held_at: float | None = None  # last lease renewal; None: not held
     failures: int = 0  # rounds in a row that failed for this model
     retry_at: float = 0.0  # after a failure, the model's next round is not before this
+
+    @classmethod
+    def new(cls, topic: str, s: DispatchSettings) -> ModelState:
+        """A model the dispatcher has just met: nothing sent, nothing metered, no lease."""
+        return cls(
+            topic=topic,
+            backlog=Backlog(
+                s.worker_window,
+                s.backlog_seconds,
+                s.min_backlog,
+                s.direct_weight,
+                commit_lag_s=s.commit_lag_s,
+                max_backlog=s.max_backlog,
+            ),
+            book=JourneyBook(s.grace_s, s.max_attempts, s.takeover_grace_s),
+            affinity=Affinity(s.affinity_slice_lines, s.affinity_slack_lines),
+            policy=FairSharePolicy(
+                weights=s.weights(),
+                default_weight=s.default_project_weight,
+                tiers=s.tiers(),
+                quantum=s.quantum_lines,
+                start_lines=s.start_lines,
+            ),
+        )
 
     def record(self, sending: Sending, partition: int, offset: int) -> None:
         """A send was acknowledged at ``partition``/``offset``."""

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.api.deps import Batches, Project, Retry
 from services.api.errors import DEPENDENCY_TIMEOUT_S
 from services.api.openapi import errors
+from services.api.page_sizes import BATCHES_PAGE, BATCHES_PAGE_MAX
 from services.api.schemas import BatchCreateParams
 from shared.errors import InvalidRequest, echo
 from shared.lifecycle import STATUSES
@@ -46,7 +47,7 @@ async def list_batches(
     project: Project,
     batches: Batches,
     after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[int, Query(ge=1, le=BATCHES_PAGE_MAX)] = BATCHES_PAGE,
     status: Annotated[
         str | None,
         Query(description="batchstream's extension: only batches in these statuses (comma-separated)."),

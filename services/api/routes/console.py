@@ -3,7 +3,7 @@
 The pages are plain HTML, CSS and one script served by the api itself (no CDN, no build step);
 they call the same endpoints with the key the user enters, so the console shows exactly what the
 API shows that key's project. ``/console/config.json`` hands the script the facts it must not
-restate (endpoints, windows, statuses, the defaults' fields), from their owners.
+restate (endpoints, windows, statuses, the defaults' fields, page sizes), from their owners.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
+from services.api.page_sizes import console_page_sizes
 from services.api.schemas import BatchCreateParams
-from services.api.service.batches import COMPLETION_WINDOWS
 from shared.lifecycle import STATUSES, TERMINAL
 from shared.protocol.messages import SamplingDefaults
-from shared.protocol.openai import SUPPORTED_ENDPOINTS
+from shared.protocol.openai import COMPLETION_WINDOWS, SUPPORTED_ENDPOINTS
 from shared.stores.models import WORKER_ALIVE_S
 
 PAGES = Path(__file__).resolve().parent.parent / "console"
@@ -46,6 +46,7 @@ def console_config() -> dict[str, Any]:
         "priority": {"minimum": priority.get("minimum"), "maximum": priority.get("maximum")},
         "defaults": SamplingDefaults.model_json_schema()["properties"],
         "worker_alive_s": WORKER_ALIVE_S,
+        "pages": console_page_sizes(),
     }
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from services.api.deps import Files, Project
 from services.api.openapi import errors, streamed
+from services.api.page_sizes import FILES_PAGE_MAX
 from services.api.streams import opened
 from shared.protocol.openai import FileDeleted, FileObject, ListObject
 
@@ -39,7 +40,7 @@ async def list_files(
     project: Project,
     files: Files,
     purpose: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    limit: Annotated[int, Query(ge=1, le=FILES_PAGE_MAX)] = FILES_PAGE_MAX,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> ListObject:

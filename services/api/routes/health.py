@@ -23,6 +23,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import start_http_server
 
+from services.api.deps import services
+
 router = APIRouter(tags=["health"])
 log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 3.0
@@ -44,7 +46,7 @@ async def health(request: Request) -> JSONResponse:
 
 
 async def _dependencies_answer(request: Request) -> JSONResponse:
-    state = request.app.state
+    state = services(request)
     checks: dict[str, Awaitable[object]] = {
         "mongodb": state.mongo.ping(),
         "object_storage": state.store.ping(),

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials
 
-from services.api.deps import bearer, project_of
+from services.api.deps import bearer, project_of, services
 from services.api.service.message_batches import MessageBatchService
 from services.api.streams import opened
 from shared.protocol.anthropic import (
@@ -81,7 +81,7 @@ async def _project(
 
 
 def _service(request: Request) -> MessageBatchService:
-    return request.app.state.message_batches  # type: ignore[no-any-return]
+    return services(request).message_batches
 
 
 def _results_base(request: Request) -> str:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 
-from services.api.deps import Overview, Project
+from services.api.deps import Overview, Project, services
 from services.api.openapi import errors
 from shared.errors import NotFound, echo
 from shared.protocol.openai import ListObject, ModelCard
@@ -30,12 +30,12 @@ async def list_models(
 ) -> ListObject:
     if include == "status":
         return ListObject(data=await overview.models_status(project))
-    return ListObject(data=await request.app.state.models.cards())
+    return ListObject(data=await services(request).models.cards())
 
 
 @router.get("/{model_id:path}", response_model=ModelCard, responses=errors(404))
 async def retrieve_model(_: Project, request: Request, model_id: str) -> ModelCard:
-    card = await request.app.state.models.card(model_id)
+    card = await services(request).models.card(model_id)
     if card is None:
         raise NotFound(f"The model {echo(model_id)} does not exist.", param="model", code=MODEL_NOT_FOUND)
     return card  # type: ignore[no-any-return]

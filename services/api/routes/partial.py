@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from services.api.deps import Project
+from services.api.deps import Project, services
 from services.api.openapi import errors, streamed
 from services.api.service.partial import Kind, PartialOutputService
 from services.api.streams import opened
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 
 def _partial(request: Request) -> PartialOutputService:
-    return request.app.state.partial  # type: ignore[no-any-return]
+    return services(request).partial
 
 
 Partial = Annotated[PartialOutputService, Depends(_partial)]

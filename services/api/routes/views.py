@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 
 from services.api.deps import ErrorLines, Overview, Project
 from services.api.openapi import errors
+from services.api.page_sizes import ERROR_LINES_PAGE, ERROR_LINES_PAGE_MAX
 from services.api.service.overview import USAGE_DAYS_DEFAULT, USAGE_DAYS_MAX
 from shared.protocol.extensions import BatchProgress, ErrorLinesPage
 from shared.protocol.openai import ListObject
@@ -31,7 +32,7 @@ async def batch_error_lines(
     custom_id: Annotated[str | None, Query(description="Only lines whose custom_id contains this.")] = None,
     code: Annotated[str | None, Query(description="Only lines with this error code or HTTP status.")] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=ERROR_LINES_PAGE_MAX)] = ERROR_LINES_PAGE,
 ) -> ErrorLinesPage:
     """The batch's error lines so far (or its error file once it ended), with their codes."""
     return await error_lines.page(

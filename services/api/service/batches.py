@@ -6,10 +6,9 @@ import asyncio
 import contextlib
 import functools
 import logging
-import tempfile
 import time
-from collections.abc import Callable, Collection, Mapping
-from typing import IO, Any, Literal
+from collections.abc import Collection, Mapping
+from typing import Any, Literal
 
 import orjson
 import urllib3
@@ -17,12 +16,13 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pymongo.errors import ConnectionFailure
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential_jitter
 
-from services.api.dispatch.order import NO_GROUPS, OrderBuilder, PartOrders
+from services.api.announcer import ControlAnnouncer
+from services.api.dispatch.loop import Dispatcher
 from services.api.dispatch.settings import DispatchSettings
 from services.api.quotas.limits import ModelUse
 from services.api.quotas.service import QuotaService
 from services.api.schemas import BatchCreateParams
-from services.api.service.announcer import ControlAnnouncer
+from services.api.service.dispatch_order import NO_GROUPS, OrderBuilder, PartOrders, save_order, save_parts
 from services.api.service.files import FileService, page
 from services.api.service.idempotency import CreateDeduplicator
 from services.api.service.validation import InputValidator
@@ -33,10 +33,10 @@ from shared.input_lines import request_lines
 from shared.lifecycle import TERMINAL
 from shared.protocol.batch_input import UTF8_BOM
 from shared.protocol.messages import ControlMessage
-from shared.protocol.openai import SUPPORTED_ENDPOINTS, Batch, BatchError, ListObject
+from shared.protocol.openai import Batch, BatchError, ListObject
 from shared.released_files import purge_if_released
 from shared.settings import ApiSettings, MediaSettings
-from shared.storage import ObjectStore, dispatch_order_key
+from shared.storage import ObjectStore
 from shared.stores.batches import BatchStore
 from shared.stores.idempotency import IdempotencyStore
 from shared.stores.models import ModelStore
@@ -52,7 +52,6 @@ DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
 )
 
-COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
@@ -88,6 +87,7 @@ class BatchService:
         store: ObjectStore,
         files: FileService,
         announcer: ControlAnnouncer,
+        dispatcher: Dispatcher,
         settings: ApiSettings,
         dispatch: DispatchSettings,
         media: MediaSettings | None = None,
@@ -98,13 +98,13 @@ class BatchService:
         self.store = store
         self.files = files
         self.announcer = announcer
+        self.dispatcher = dispatcher
         self.settings = settings
         self.dispatch = dispatch
         self.media_domains = (media or MediaSettings()).domains
         self.quotas = quotas  # None: no quotas
         self.dedupe = CreateDeduplicator(claims, batches, settings.create_dedupe_window_s)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.on_dispatchable: Callable[[], None] = lambda: None  # wakes the dispatcher
 
     async def create(
         self,
@@ -113,17 +113,7 @@ class BatchService:
         idempotency_key: str | None = None,
         api: Literal["openai", "anthropic"] = "openai",
     ) -> Batch:
-        if params.endpoint not in SUPPORTED_ENDPOINTS:
-            raise InvalidRequest(
-                f"Unsupported endpoint {echo(params.endpoint)}; expected one of {list(SUPPORTED_ENDPOINTS)}.",
-                param="endpoint",
-                code="invalid_value",
-            )
-        window = COMPLETION_WINDOWS.get(params.completion_window)
-        if window is None:
-            raise InvalidRequest(
-                "completion_window must be '24h'.", param="completion_window", code="invalid_value"
-            )
+        window = params.checked_window_s()
         metadata = check_metadata(params.metadata)
         input_file = await self.files.document(project, params.input_file_id)
         if input_file.purpose != "batch":
@@ -316,7 +306,7 @@ class BatchService:
         )
         # The dispatcher (services/api/dispatch) streams the lines from the input file.
         await self.batches.mark_dispatchable(batch.id)
-        self.on_dispatchable()
+        self.dispatcher.wake()
 
     async def _give_up(self, batch: BatchDocument, reason: str) -> None:
         """End a batch that cannot be processed: ``failed``, saying why; its lines already sent
@@ -346,13 +336,16 @@ class BatchService:
             max_reported_error_bytes=self.settings.max_reported_error_bytes,
             allowed_media_domains=self.media_domains,
             max_line_bytes=self.settings.max_line_bytes,
+            default_length=batch.defaults.max_decoding_length,
         )
         min_shared = self.dispatch.prefix_min_shared_chars
+        longest_first = self.dispatch.longest_first and batch.prefix_order
         order, parts = None, None
         if batch.mixed_models:
-            parts = validator.parts = PartOrders(min_shared if batch.prefix_order else NO_GROUPS)
+            min_shared = min_shared if batch.prefix_order else NO_GROUPS
+            parts = validator.parts = PartOrders(min_shared, longest_first=longest_first)
         elif batch.prefix_order:
-            order = validator.order = OrderBuilder(min_shared)
+            order = validator.order = OrderBuilder(min_shared, longest_first=longest_first)
         try:
             chunks = self.store.iter_chunks(input_file.object_key)
             report = await validator.run(request_lines(chunks, self.settings.max_line_bytes))
@@ -365,10 +358,11 @@ class BatchService:
                 return None
             if await self._over_quota(batch, report.enqueued):
                 return None
-            ordered = order is not None and await self._save_order(batch.id, input_file.object_key, order)
+            input_key = input_file.object_key
+            ordered = order is not None and await save_order(self.store, batch.id, input_key, order)
             stored = None
             if parts is not None:
-                stored, ordered = await self._save_parts(batch.id, input_file.object_key, parts)
+                stored, ordered = await save_parts(self.store, batch.id, input_key, parts)
         finally:
             for made in (order, parts):
                 if made is not None:
@@ -407,49 +401,6 @@ class BatchService:
         extra = {"batch_id": batch.id, "project": batch.project, "limit": refusal.limit}
         log.info("batch failed a quota", extra=extra)
         return True
-
-    async def _save_order(self, batch_id: str, input_key: str, order: OrderBuilder) -> bool:
-        """Write the batch's dispatch order beside its input (the lines in that order); False
-        when it would change nothing (``OrderStats.worth_storing``): the dispatcher then reads
-        the input in file order."""
-        stats = await asyncio.to_thread(order.plan)
-        if not stats.worth_storing:
-            return False
-        with tempfile.TemporaryFile() as source:
-            await self._copy_input(input_key, source)
-            await self._write_order(dispatch_order_key(batch_id), source, order)
-        log.info(
-            "dispatch order made",
-            extra={"batch_id": batch_id, "groups": stats.groups, "grouped_lines": stats.grouped},
-        )
-        return True
-
-    async def _save_parts(
-        self, batch_id: str, input_key: str, parts: PartOrders
-    ) -> tuple[list[dict[str, Any]], bool]:
-        """Write each part's dispatch order of a mixed batch; returns the parts to store
-        (``shared/documents.py``) and whether any part has prefix groups (``prefix_order``)."""
-        stored, grouped = [], False
-        with tempfile.TemporaryFile() as source:
-            await self._copy_input(input_key, source)
-            for i, (base, order) in enumerate(parts.parts.items()):
-                stats = await asyncio.to_thread(order.plan)
-                await self._write_order(dispatch_order_key(batch_id, i), source, order)
-                stored.append({"model": base, "lines": stats.lines})
-                grouped = grouped or stats.groups > 0
-        log.info("mixed batch split", extra={"batch_id": batch_id, "parts": stored})
-        return stored, grouped
-
-    async def _copy_input(self, input_key: str, source: IO[bytes]) -> None:
-        async for chunk in self.store.iter_chunks(input_key):  # a local copy when it has one
-            await asyncio.to_thread(source.write, chunk)
-
-    async def _write_order(self, key: str, source: IO[bytes], order: OrderBuilder) -> None:
-        """The order object at ``key``, its lines read from ``source`` (a copy of the input)."""
-        with tempfile.NamedTemporaryFile(suffix=".order") as out:
-            await asyncio.to_thread(order.write, out, source)
-            out.flush()
-            await self.store.put_file(key, out.name)
 
     async def _fail(self, batch: BatchDocument, errors: list[BatchError]) -> None:
         await self.batches.fail(batch.id, errors)

@@ -32,7 +32,6 @@ from shared.lifecycle import TERMINAL
 from shared.protocol.anthropic import (
     ANTHROPIC_API,
     CUSTOM_ID_PATTERN,
-    MESSAGES,
     NOT_RUN_RESULTS,
     DeletedMessageBatch,
     MessageBatch,
@@ -42,6 +41,7 @@ from shared.protocol.anthropic import (
     result_line,
 )
 from shared.protocol.batch_input import BODY_BY_ENDPOINT
+from shared.protocol.openai import MESSAGES
 from shared.settings import ApiSettings
 from shared.stores.message_batches import MessageBatchStore
 from shared.stores.models import ModelStore, ServedModel

@@ -19,9 +19,10 @@ import orjson
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from services.api.dispatch.order import RUN_BYTES, OrderBuilder, PartOrders, prompt_text
+from services.api.prompt_keys import prompt_text
 from services.api.quotas.limits import ModelUse, estimate_tokens
-from services.api.spill import SortedRuns
+from services.api.service.dispatch_order import RUN_BYTES, OrderBuilder, PartOrders, expected_length
+from services.api.sorted_runs import SortedRuns
 from shared import media
 from shared.errors import echo
 from shared.input_lines import InputLine
@@ -102,6 +103,7 @@ class InputValidator:
     allowed_media_domains: frozenset[str] = frozenset()  # http(s) media URLs only there (data: always)
     max_line_bytes: int | None = None  # as read (``request_lines``): longer lines come oversize
     order: OrderBuilder | None = None  # fed each line's prompt prefix (the dispatch order)
+    default_length: int | None = None  # the batch's max_decoding_length (expected line lengths)
     parts: PartOrders | None = None
     """A mixed batch's (``mixed_models``): lines may name any served model or adapter; each goes
     to its base model's part, a line naming no served model to the refused part (base None)."""
@@ -180,13 +182,14 @@ class InputValidator:
             text = prompt_text(self.endpoint, body) if body is not None else None
             if body is not None:
                 self._enqueue(body, text, line.raw)
+            length = expected_length(self.endpoint, body, self.default_length)
             if self.order is not None:
-                self.order.add(line, text)
+                self.order.add(line, text, length=length)
             elif self.parts is not None and body is not None:
                 model = body.get("model")
                 if isinstance(model, str) and model:
                     known = self.known_models.get(model)
-                    self.parts.add(known.base if known else None, model, line, text)
+                    self.parts.add(known.base if known else None, model, line, text, length)
         return False
 
     def _report_repeats(self) -> None:

@@ -10,7 +10,7 @@ from services.aggregator.settings import AggregatorConfig
 from services.aggregator.state import BatchState
 from shared.kafka import encode
 from shared.protocol.messages import ResponsePayload, ResultMessage
-from shared.stores.batches import BatchSummary
+from shared.stores.batch_progress import BatchSummary
 
 
 def raw(batch_id: str | None, line: int, status: int = 200) -> bytes:
@@ -165,3 +165,22 @@ async def test_progress_samples_thin_out_as_a_batch_ages_with_a_fake_clock() -> 
     flusher.mark("b")
     await flusher.flush()
     assert flusher._sampled == {}
+
+
+async def test_each_flush_carries_the_batch_s_recent_rate_with_a_fake_clock() -> None:
+    store, now = RecordingBatchStore(), [1000.0]
+    states = {"b": BatchState().to_dict()}
+    flusher = CountsFlusher(store, states, clock=lambda: now[0])  # type: ignore[arg-type]
+    rates = []
+    for step in range(11):  # 20 lines a second for 5 s, a flush every half second
+        now[0] = 1000.0 + step * 0.5
+        states["b"] = BatchState(completed=10 * step).to_dict()
+        flusher.mark("b")
+        await flusher.flush()
+        rates.append(store.writes[-1]["b"].rate)
+    assert rates[:4] == [None] * 4  # the counts span less than 2 s
+    assert rates[-1] == pytest.approx(20.0)
+    states.pop("b")  # finalized: its rate's notes go with the state
+    flusher.mark("b")
+    await flusher.flush()
+    assert "b" not in flusher._rates._notes

@@ -14,7 +14,7 @@ class FakeDependencies:
 
 
 def test_livez_answers_while_the_loop_runs_whatever_the_phase() -> None:
-    assert pages.livez("recovering") == pages.Answer(200, {"status": "alive", "phase": "recovering"})
+    assert pages.livez("recovering") == pages.Page(200, {"status": "alive", "phase": "recovering"})
 
 
 async def test_readyz_is_503_with_the_reason_when_stalled_even_if_dependencies_answer() -> None:
@@ -41,7 +41,7 @@ async def test_readyz_is_200_with_the_backlog_when_ready() -> None:
     answer = await pages.readyz(
         stalled=None, phase="processing", dependencies=FakeDependencies(True), backlog={"results[0]": 3}
     )
-    assert answer == pages.Answer(
+    assert answer == pages.Page(
         200, {"status": "healthy", "phase": "processing", "backlog": {"results[0]": 3}}
     )
 

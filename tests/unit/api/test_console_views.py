@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from services.api.page_sizes import BATCHES_PAGE_MAX, ERROR_LINES_PAGE_MAX, FILES_PAGE_MAX
 from services.api.routes.batches import parse_statuses
 from services.api.routes.console import console_config
 from services.api.service.error_lines import ErrorLinesService, describe, matches
@@ -93,6 +94,15 @@ def test_the_new_batch_form_gets_every_default_with_its_bounds() -> None:
     assert (temperature["minimum"], temperature["maximum"]) == (0, 2)
     assert config["priority"] == {"minimum": -100, "maximum": 100}
     assert "completed" in config["terminal"] and "in_progress" not in config["terminal"]
+
+
+def test_the_console_pages_by_the_sizes_the_api_takes() -> None:
+    """The console asks for no page larger than the list endpoints take (a 422 otherwise)."""
+    pages = console_config()["pages"]
+    assert pages["batches_max"] == BATCHES_PAGE_MAX
+    assert pages["batches_default"] in pages["batches_sizes"]
+    assert 1 <= pages["files"] <= FILES_PAGE_MAX
+    assert 1 <= pages["error_lines"] <= ERROR_LINES_PAGE_MAX
 
 
 class FakePartialOfLines:

@@ -30,9 +30,9 @@ class FakePing:
 def app_with_fake_dependencies(mongo_up: bool) -> TestClient:
     app = FastAPI()
     app.include_router(health.router)
-    app.state.mongo = FakePing(mongo_up)
-    app.state.store = FakePing(True)
-    app.state.producer = SimpleNamespace(client=FakePing(True))
+    app.state.services = SimpleNamespace(
+        mongo=FakePing(mongo_up), store=FakePing(True), producer=SimpleNamespace(client=FakePing(True))
+    )
     return TestClient(app)
 
 

@@ -7,9 +7,10 @@ import io
 import json
 from typing import Any
 
-from services.api.dispatch.order import NO_GROUPS, PartOrders, read_entries
+from services.api.dispatch.order import read_entries
+from services.api.service.dispatch_order import NO_GROUPS, PartOrders
 from services.api.service.validation import InputValidator, ValidationReport
-from shared.stores.batches import DispatchView
+from shared.stores.dispatcher import DispatchView
 from shared.stores.models import ServedModel
 from tests.support.lines import file_request_lines
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 from pydantic_core import to_json
 
+from services.api.dispatch.order import read_entries
+from services.api.service.dispatch_order import OrderBuilder
 from services.api.service.validation import CustomIdCheck, InputValidator, ValidationReport, listed
 from shared.errors import ECHO_CHARS
 from shared.protocol.openai import BatchError
@@ -326,3 +329,24 @@ async def test_the_event_loop_keeps_answering_while_a_large_file_validates() -> 
     took = time.monotonic() - started
     assert report.ok and report.lines == 10_000
     assert max(gaps) < max(0.2, took / 5), f"the loop stalled {max(gaps):.2f} s of {took:.2f} s"
+
+
+async def test_validation_feeds_the_order_each_line_s_expected_length() -> None:
+    """Lines go longest first by their own cap, else the batch's ``max_decoding_length``."""
+    caps: list[int | None] = [8, None, 300, 8, None]
+    items = []
+    for n, cap in enumerate(caps, 1):
+        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}]}
+        if cap is not None:
+            body["max_tokens"] = cap
+        items.append(line(f"r{n}", body=body))
+    order = OrderBuilder(min_shared_chars=256, longest_first=True)
+    validator = InputValidator(ENDPOINT, served(m=1024), 100, 100, order=order, default_length=64)
+    assert (await validator.run(file_request_lines(items))).ok
+    assert order.plan().worth_storing
+    source = io.BytesIO(b"\n".join(items) + b"\n")
+    out = io.BytesIO()
+    order.write(out, source)
+    order.close()
+    entries, _ = read_entries(out.getvalue())
+    assert [e.number for e in entries] == [3, 2, 5, 1, 4]  # 300, then the default's 64s, then 8s

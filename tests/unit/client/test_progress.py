@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from openai.types import Batch
 from rich.console import Console
@@ -44,3 +45,16 @@ def test_one_line_per_change_with_counts_percent_and_failures() -> None:
     assert "6/8" in lines[2] and "1 failed" in lines[2]
     assert "completed" in lines[3] and "8/8" in lines[3] and "100%" in lines[3]
     assert "lines/s" in lines[3]
+
+
+def test_the_time_left_is_the_batch_s_own_estimate_while_it_has_one() -> None:
+    log = io.StringIO()
+    with BatchProgress(Console(file=log, width=80)) as progress:
+        progress(batch("in_progress", 2, 0, 8))
+        ahead = Batch.model_validate(
+            {**batch("in_progress", 4, 0, 8).model_dump(), "estimated_completion_at": int(time.time()) + 125}
+        )
+        progress(ahead)
+    lines = log.getvalue().splitlines()
+    assert "ends in" not in lines[0]
+    assert "ends in 0:02:0" in lines[1], lines[1]  # about 125 s from now

@@ -234,7 +234,7 @@ async def run_checks(engine: Engine) -> dict[str, str]:
 
 
 async def _vllm(model: str, served_name: str) -> dict[str, str]:
-    from services.inference.engines import open_engine
+    from services.inference.engine_factory import open_engine
     from services.inference.settings import InferenceSettings
 
     settings = InferenceSettings(

@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from services.inference.consumer import RequestConsumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
+from services.inference.settings import InferenceSettings
 from shared.kafka import encode
 from shared.protocol.messages import RequestMessage, result_values
 
@@ -104,8 +105,7 @@ async def _run(consumer: FakeConsumerRecordingPolls, keepalive_poll_s: float, co
         RequestHandler(FakeEngine(seconds_per_token=0.05)),  # 10 tokens: 0.5 s per request
         topic=PARTITION.topic,
         results_topic="results",
-        in_flight_limit=2,
-        max_publishing=1,
+        settings=InferenceSettings(engine="fake", max_in_flight=2, max_publishing=1),
         keepalive_poll_s=keepalive_poll_s,
     )
     running = asyncio.create_task(worker.run())

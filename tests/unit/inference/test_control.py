@@ -13,6 +13,7 @@ from services.inference.engine import CHAT, Answer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from services.inference.scheduler import EngineScheduler
+from services.inference.settings import InferenceSettings
 from shared.protocol.messages import ControlMessage, RequestMessage
 
 
@@ -95,9 +96,10 @@ def line(batch_id: str | None = "b", n: int = 1, **kw: Any) -> RequestMessage:
 def on_running_places(engine: SlowFakeEngine, young_batch_lines: int) -> RequestHandler:
     """A handler whose places are only the engine's running sequences (none waits inside it) and
     whose young lines leave the other batches every place that is left."""
-    scheduler = EngineScheduler(
-        engine, young_batch_lines=young_batch_lines, engine_queue_lines=0, young_batch_others_share=1.0
+    settings = InferenceSettings(
+        engine="fake", young_batch_lines=young_batch_lines, engine_queue_lines=0, young_batch_others_share=1.0
     )
+    scheduler = EngineScheduler(engine, settings)
     return RequestHandler(engine, scheduler=scheduler)
 
 

@@ -17,6 +17,7 @@ from services.inference.consumer import RequestConsumer
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from services.inference.intake import FOUND_FOR_S, MISSING_FOR_S, ReplyTopicProbe
+from services.inference.settings import InferenceSettings
 from shared.kafka import encode
 from shared.protocol.messages import RequestMessage, ResponsePayload, ResultMessage
 from shared.request_signing import RequestSigner
@@ -105,8 +106,7 @@ async def test_a_reply_its_topic_refuses_is_dead_lettered_and_committed() -> Non
         RequestHandler(FakeEngine()),
         topic=PARTITION.topic,
         results_topic="results",
-        in_flight_limit=4,
-        publish_attempts=5,
+        settings=InferenceSettings(engine="fake", max_in_flight=4, publish_attempts=5),
         kafka=KafkaSettings(),
     )
     running = asyncio.create_task(worker.run())
@@ -234,8 +234,7 @@ async def test_a_batch_result_too_large_for_the_broker_becomes_an_error_line() -
         FakeHandlerAnsweringLarge(2 * 1024 * 1024),  # type: ignore[arg-type]
         topic=PARTITION.topic,
         results_topic="results",
-        in_flight_limit=4,
-        publish_attempts=5,
+        settings=InferenceSettings(engine="fake", max_in_flight=4, publish_attempts=5),
         kafka=settings,
     )
     running = asyncio.create_task(worker.run())

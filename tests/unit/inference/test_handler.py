@@ -86,7 +86,7 @@ async def test_a_responses_line_becomes_a_result_with_the_bodys_usage() -> None:
     body = {"model": "fake-model", "input": "one two three", "instructions": "be brief"}
     result = await handler.handle(message(RESPONSES, body))
     assert result.succeeded and result.usage is not None
-    response = orjson.loads(result.response.body)  # type: ignore[union-attr]
+    response = orjson.loads(bytes(result.response.body))  # type: ignore[union-attr]
     assert response["object"] == "response"
     assert result.usage.prompt_tokens == response["usage"]["input_tokens"] == 5
     assert result.usage.completion_tokens == response["usage"]["output_tokens"] == 1
@@ -118,7 +118,7 @@ async def test_success_is_a_200_response_with_the_served_model() -> None:
     assert result.error is None and result.response is not None
     assert result.response.status_code == 200
     assert result.response.request_id == run_id and run_id.startswith("req_")
-    assert orjson.loads(result.response.body)["object"] == "chat.completion"
+    assert orjson.loads(bytes(result.response.body))["object"] == "chat.completion"
     assert (result.request_id, result.custom_id, result.batch_id, result.line) == (
         "batch_req_1",
         "c1",
@@ -133,7 +133,7 @@ async def test_engine_rejection_is_a_4xx_response_not_an_error_and_not_retried()
     result = await RequestHandler(engine, retry=NO_WAIT).handle(message())
     assert result.error is None
     assert result.response is not None and result.response.status_code == 400
-    error = orjson.loads(result.response.body)["error"]
+    error = orjson.loads(bytes(result.response.body))["error"]
     assert error["message"] == "too long" and set(error) == {"message", "type", "param", "code"}
     assert not result.succeeded
     assert len(engine.seen) == 1  # the request's own fault: final at once
@@ -166,7 +166,7 @@ async def test_a_failure_that_does_not_pass_becomes_a_5xx_line_after_the_last_tr
     result = await RequestHandler(engine, retry=NO_WAIT).handle(message())
     assert len(engine.seen) == 3
     assert result.response is not None and result.response.status_code >= 500 and not result.succeeded
-    assert orjson.loads(result.response.body)["error"]["type"] == "InternalServerError"
+    assert orjson.loads(bytes(result.response.body))["error"]["type"] == "InternalServerError"
     assert _sample(metrics.ENGINE_GAVE_UP) == gave_up + 1
 
 
@@ -233,7 +233,7 @@ async def test_a_media_url_that_may_not_be_fetched_is_answered_400_without_runni
     result = await RequestHandler(engine, retry=NO_WAIT, media_domains=frozenset()).handle(message(body=body))
     assert engine.seen == []  # never handed to the engine
     assert result.response is not None and result.response.status_code == 400
-    error = orjson.loads(result.response.body)["error"]
+    error = orjson.loads(bytes(result.response.body))["error"]
     assert error["param"] == "body.messages[0].content[0].image_url.url"
     allowed = RequestHandler(engine, retry=NO_WAIT, media_domains=frozenset({"169.254.169.254"}))
     assert (await allowed.handle(message(body=body))).response.status_code == 200  # type: ignore[union-attr]

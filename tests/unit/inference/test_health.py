@@ -9,12 +9,15 @@ from services.inference.engine import CHAT
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
+from services.inference.settings import InferenceSettings
 from shared.protocol.messages import RequestMessage
+
+ANY_PORT = InferenceSettings(engine="fake", health_port=0)
 
 
 async def test_probes_follow_the_checks() -> None:
     state = {"engine": False, "consumer": False, "group_joined": False}
-    server = HealthServer(0, ready=lambda: state["consumer"], checks=lambda: dict(state))
+    server = HealthServer(ready=lambda: state["consumer"], settings=ANY_PORT, checks=lambda: dict(state))
     async with TestClient(TestServer(server.app())) as client:
         assert (await client.get("/livez")).status == 200
         response = await client.get("/readyz")
@@ -42,7 +45,7 @@ def _scraped(text: str, sample: str) -> float:
 async def test_a_scrape_counts_every_line_handled_before_it() -> None:
     handler = RequestHandler(FakeEngine())
     body = {"messages": [{"role": "user", "content": "one two three"}]}
-    server = HealthServer(0, ready=lambda: True)
+    server = HealthServer(ready=lambda: True, settings=ANY_PORT)
     async with TestClient(TestServer(server.app())) as client:
         before = await (await client.get("/metrics")).text()
         for i in range(3):

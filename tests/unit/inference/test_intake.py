@@ -9,7 +9,7 @@ from typing import Any
 
 from aiokafka import ConsumerRecord
 
-from services.inference.intake import Answer, Refusal, RequestIntake, Run
+from services.inference.intake import Publish, Refusal, RequestIntake, Run
 from shared.kafka import encode
 from shared.protocol.messages import BATCH_NOT_VERIFIED_CODE, DEAD_LETTER_VALUE_BYTES, RequestMessage
 from shared.request_signing import RequestSigner
@@ -54,7 +54,7 @@ def test_an_unsigned_batch_line_without_a_reply_topic_is_dead_lettered() -> None
 
 def test_an_unsigned_batch_line_with_a_reply_topic_is_refused_there_without_its_batch() -> None:
     verdict = INTAKE.judge(record(message(batch_id="batch_a", line=3, reply_topic="t.replies")))
-    assert isinstance(verdict, Answer) and verdict.reply_topic == "t.replies"
+    assert isinstance(verdict, Publish) and verdict.reply_topic == "t.replies"
     result = verdict.result
     assert result.batch_id is None and result.line is None and result.response is None
     assert result.error is not None and result.error.code == BATCH_NOT_VERIFIED_CODE
@@ -82,14 +82,14 @@ def test_a_pipeline_request_runs_for_its_own_reply_topic_only() -> None:
 def test_an_invalid_message_is_answered_only_where_it_may_be() -> None:
     bad = {"request_id": "r1", "custom_id": "c1", "reply_topic": "t.replies"}
     verdict = INTAKE.judge(record(json.dumps(bad).encode()))
-    assert isinstance(verdict, Answer) and verdict.reply_topic == "t.replies"
+    assert isinstance(verdict, Publish) and verdict.reply_topic == "t.replies"
     assert verdict.result.error is not None and verdict.result.error.code == "invalid_request"
     # Naming a batch without the signature reaches neither the batch nor the results topic.
     forged = {"request_id": "r1", "custom_id": "c1", "batch_id": "batch_a", "line": 1}
     verdict = INTAKE.judge(record(json.dumps(forged).encode()))
     assert isinstance(verdict, Refusal) and verdict.reason == "invalid_message"
     verdict = INTAKE.judge(record(json.dumps({**forged, "reply_topic": "t.replies"}).encode()))
-    assert isinstance(verdict, Answer) and verdict.result.batch_id is None and verdict.result.line is None
+    assert isinstance(verdict, Publish) and verdict.result.batch_id is None and verdict.result.line is None
     verdict = INTAKE.judge(record(b"not json"))
     assert isinstance(verdict, Refusal) and verdict.reason == "invalid_message"
 

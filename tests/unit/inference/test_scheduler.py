@@ -13,7 +13,7 @@ def test_a_scheduler_built_without_settings_has_the_workers_places() -> None:
     settings = InferenceSettings(engine="fake", max_num_seqs=64)
     for scheduler in (
         EngineScheduler(engine),
-        EngineScheduler.from_settings(engine, settings),
+        EngineScheduler(engine, settings),
         RequestHandler(engine).scheduler,
     ):
         places = scheduler.places
@@ -27,5 +27,6 @@ def test_an_engine_without_a_limit_has_no_places_to_share() -> None:
 
 
 def test_a_share_of_one_keeps_no_places_beside_young_lines() -> None:
-    scheduler = EngineScheduler(FakeEngine(max_running=8), engine_queue_lines=0, young_batch_others_share=1)
+    settings = InferenceSettings(engine="fake", engine_queue_lines=0, young_batch_others_share=1)
+    scheduler = EngineScheduler(FakeEngine(max_running=8), settings)
     assert (scheduler.places.places, scheduler.places.beside_young) == (8, None)

@@ -1,4 +1,4 @@
-"""The dispatcher's request messages (spliced, not serialised by pydantic) read as the model's."""
+"""The dispatcher's request messages (the body written unparsed) read as the message's."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from shared.protocol.batch_input import UTF8_BOM, BatchRequestInput, parse_raw_l
 from shared.protocol.messages import (
     RequestMessage,
     SamplingDefaults,
-    read_plain_request,
-    request_message_json,
+    message_defaults,
+    read_request,
 )
 
 LINES = [
@@ -41,19 +41,19 @@ def test_a_spliced_request_message_equals_the_models(
         "project": "proj-a",
         "expires_at": expires_at,
     }
-    spliced = request_message_json(
+    spliced = RequestMessage.batch_line(
         custom_id=envelope.custom_id,
         url=envelope.url,
         body=bytes(envelope.body),
-        defaults=defaults.model_dump(),
+        defaults=message_defaults(defaults),
         **fields,  # type: ignore[arg-type]
     )
     model = RequestMessage(
-        custom_id=item.custom_id, url=item.url, body=item.body, defaults=defaults, **fields
+        custom_id=item.custom_id, url=item.url, body=item.body, defaults=message_defaults(defaults), **fields
     )
 
-    assert RequestMessage.model_validate_json(spliced) == model
-    plain = read_plain_request(spliced)  # the worker's hot path reads the same
+    assert RequestMessage.from_value(orjson.loads(spliced)) == model
+    plain = read_request(spliced)  # the worker's hot path reads the same
     assert plain is not None
     names = (
         "request_id",
@@ -69,15 +69,15 @@ def test_a_spliced_request_message_equals_the_models(
     for name in names:
         assert getattr(plain, name) == getattr(model, name), name
     assert plain.defaults is not None
-    assert msgspec.structs.asdict(plain.defaults) == model.defaults.model_dump()  # type: ignore[union-attr]
-    assert orjson.loads(model.model_dump_json()) == orjson.loads(spliced)
+    assert msgspec.structs.asdict(plain.defaults) == defaults.model_dump()
+    assert orjson.loads(model.to_json()) == orjson.loads(spliced)
 
 
 def test_the_body_reaches_the_message_exactly_as_written() -> None:
     """Nothing is re-read: an integer over 64 bits stays that integer (a float before)."""
     raw = b'{"custom_id": "c", "url": "/v1/completions", "body": {"seed": 123456789012345678901234}}'
     envelope = parse_raw_line(raw)
-    spliced = request_message_json(
+    spliced = RequestMessage.batch_line(
         request_id="r",
         custom_id=envelope.custom_id,
         url=envelope.url,
@@ -102,7 +102,7 @@ def test_the_body_reaches_the_message_exactly_as_written() -> None:
         b"[1]",
     ],
 )
-def test_what_the_hot_path_does_not_take_as_it_is_goes_to_pydantic(value: bytes) -> None:
+def test_what_the_hot_path_does_not_take_as_it_is_goes_to_the_lax_read(value: bytes) -> None:
     """A type to coerce, a default out of range, a wrong or missing field: the worker reads it
     the slow way, which coerces or words the error."""
-    assert read_plain_request(value) is None
+    assert read_request(value) is None

@@ -26,18 +26,22 @@ def test_a_stale_file_is_found_and_rewritten(tmp_path: Path) -> None:
     assert schemas.main(["--out", str(tmp_path)]) == 0 and schemas.stale(tmp_path) == []
 
 
-def test_the_hot_path_structs_have_the_models_fields() -> None:
-    """The msgspec structs the worker and the aggregator read into mirror the models, which own
-    the fields: a field added to a model must be added to its struct too."""
-    from shared.protocol import messages
+def test_each_message_is_read_into_the_class_its_schema_comes_from() -> None:
+    """One definition per message: the worker and the aggregator decode into the Structs the
+    schemas are generated from, and the api's defaults model takes its ranges from the request
+    message's part."""
+    from shared.protocol.messages import (
+        RequestMessage,
+        ResultMessage,
+        SamplingDefaults,
+        read_request,
+    )
 
-    pairs = [
-        (messages.WireRequest, messages.RequestMessage),
-        (messages.WireDefaults, messages.SamplingDefaults),
-        (messages.WireResult, messages.ResultMessage),
-        (messages.WireUsage, messages.TokenUsage),
-        (messages._WireResponse, messages.ResponsePayload),
-        (messages._WireError, messages.LineError),
-    ]
-    for struct, model in pairs:
-        assert set(struct.__struct_fields__) == set(model.model_fields), struct.__name__
+    request = RequestMessage(request_id="r", custom_id="c", url="/v1/completions", body={})
+    assert type(read_request(request.to_json())) is schemas.SCHEMAS["request-message.json"][0]
+    result = ResultMessage(request_id="r", custom_id="c")
+    assert type(ResultMessage.from_json(result.to_json())) is schemas.SCHEMAS["result-message.json"][0]
+    message_part = json.loads(schemas.render("request-message.json"))["$defs"]["RequestDefaults"]
+    api_model = SamplingDefaults.model_json_schema()["properties"]
+    for field in ("max_decoding_length", "max_context_length", "temperature", "top_p"):
+        assert message_part["properties"][field]["anyOf"][0] == api_model[field]["anyOf"][0], field

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.aggregator.closing import fill_record
+from services.aggregator.overdue import fill_record
 from shared.protocol.messages import ResponsePayload, ResultMessage
 from shared.result_chunks import Record, encode_record, parse_record
 from shared.seen_lines import SeenLines

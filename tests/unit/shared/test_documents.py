@@ -52,6 +52,7 @@ STORED_BATCH_FIELDS = {
     "enqueued_at",
     "end_recorded",
     "api",
+    "completion_rate",
 }
 STORED_FILE_FIELDS = {
     "_id",

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from services.api.announcer import ControlAnnouncer
 from services.api.dispatch import loop as dispatch_loop
 from services.api.dispatch.loop import Dispatcher
 from services.api.dispatch.sender import LineSender
 from services.api.dispatch.settings import DispatchSettings
-from services.api.service.announcer import ControlAnnouncer
 from shared.settings import KafkaSettings
 from shared.storage import ObjectNotFound
 from tests.unit.api.dispatch.test_refusals import FakeProducer, batch, raw_line
@@ -29,7 +29,7 @@ class FakeClockValue:
 
 def dispatcher(clock: FakeClockValue) -> Dispatcher:
     """A dispatcher whose stores are never reached: the round's steps are replaced below."""
-    mongo: Any = SimpleNamespace(dispatch_leases=None, dispatch_positions=None)
+    mongo: Any = SimpleNamespace(batches=None, dispatch_leases=None, dispatch_positions=None)
     return Dispatcher(
         mongo=mongo,
         batches=None,  # type: ignore[arg-type]

@@ -9,19 +9,9 @@ from typing import cast
 
 import pytest
 
-from services.api.dispatch.order import (
-    HEADER,
-    Affinity,
-    OrderBuilder,
-    OrderCursor,
-    OrderEntry,
-    OrderStats,
-    prefix_key,
-    prompt_text,
-    read_entries,
-    scan_order,
-    shared_blocks,
-)
+from services.api.dispatch.order import HEADER, Affinity, OrderCursor, OrderEntry, read_entries, scan_order
+from services.api.prompt_keys import prefix_key, prompt_text, shared_blocks
+from services.api.service.dispatch_order import LONGEST, SHORT, OrderBuilder, OrderStats, expected_length
 from shared.input_lines import InputLine
 from shared.storage import ObjectStore
 
@@ -35,13 +25,20 @@ def chat(system: str, user: str) -> dict[str, object]:
     }
 
 
-def build(texts: list[str | None], run_bytes: int = 1 << 30) -> list[OrderEntry]:
-    """The order of a file whose lines are ``texts`` (each line's prompt is its text)."""
-    builder = OrderBuilder(min_shared_chars=256, run_bytes=run_bytes)
+def build(
+    texts: list[str | None],
+    run_bytes: int = 1 << 30,
+    lengths: list[int] | None = None,
+    longest_first: bool = True,
+) -> list[OrderEntry]:
+    """The order of a file whose lines are ``texts`` (each line's prompt is its text), with
+    their expected ``lengths`` (all alike when not given)."""
+    builder = OrderBuilder(min_shared_chars=256, run_bytes=run_bytes, longest_first=longest_first)
     source = io.BytesIO()
     for number, text in enumerate(texts, 1):
         raw = (text or "").encode()
-        builder.add(InputLine(number, source.tell(), raw), text)
+        length = lengths[number - 1] if lengths else LONGEST
+        builder.add(InputLine(number, source.tell(), raw), text, length=length)
         source.write(raw + b"\n")
     builder.plan()
     out = io.BytesIO()
@@ -54,11 +51,12 @@ def build(texts: list[str | None], run_bytes: int = 1 << 30) -> list[OrderEntry]
     return entries
 
 
-def stats(texts: list[str]) -> OrderStats:
-    builder = OrderBuilder(min_shared_chars=256)
+def stats(texts: list[str], lengths: list[int] | None = None) -> OrderStats:
+    builder = OrderBuilder(min_shared_chars=256, longest_first=True)
     start = 0
     for number, text in enumerate(texts, 1):
-        builder.add(InputLine(number, start, text.encode()), text)
+        length = lengths[number - 1] if lengths else LONGEST
+        builder.add(InputLine(number, start, text.encode()), text, length=length)
         start += len(text) + 1
     found = builder.plan()
     builder.close()
@@ -179,6 +177,60 @@ def test_lines_sharing_their_whole_key_keep_file_order_with_the_group_of_their_p
     last = -(-len(key.rstrip(b"\0")) // 4) - 1  # the digest of the whole prefix the lines share
     expected = int.from_bytes(key[last * 4 : last * 4 + 4], "big")
     assert {e.group for e in entries} == {e.group for e in with_lone} - {0} == {expected}
+
+
+def test_longest_lines_go_first_and_equal_lengths_keep_file_order() -> None:
+    texts = [f"say req-{n}" for n in range(1, 41)]
+    lengths = [400 if n % 10 == 0 else 16 for n in range(1, 41)]  # a tenth long, spread through
+    entries = build(texts, lengths=lengths)
+    assert [e.number for e in entries] == [10, 20, 30, 40, *(n for n in range(1, 41) if n % 10)]
+    assert {e.group for e in entries} == {0}
+    assert stats(texts, lengths).worth_storing  # lines move: the order is stored
+    assert not stats(texts, [16] * 40).worth_storing  # one length: the file's own order
+
+
+def test_groups_go_by_their_longest_line_and_stay_together() -> None:
+    texts = shuffled_questions()
+    doc_of = [t.split(":")[0] for t in texts]
+    # Document 4's questions are long, and one question of document 2 is longer still.
+    lengths = [(64 if d == "Document 4" else 8) for d in doc_of]
+    lengths[doc_of.index("Document 2")] = 512
+    entries = build(texts, lengths=lengths)
+    docs = [doc_of[e.number - 1] for e in entries]
+    runs = [d for i, d in enumerate(docs) if i == 0 or docs[i - 1] != d]
+    assert len(runs) == len(DOCS), docs  # no group is broken
+    assert runs[:2] == ["Document 2", "Document 4"]
+    assert lengths[entries[0].number - 1] == 512  # the longest line of the longest group first
+    for doc in set(doc_of):
+        mine = [lengths[e.number - 1] for e in entries if doc_of[e.number - 1] == doc]
+        assert mine == sorted(mine, reverse=True)
+        ranks = [e.rank for e in entries if doc_of[e.number - 1] == doc]
+        assert ranks == list(range(len(ranks)))
+    rest = runs[2:]  # groups of one length go by their first line
+    firsts = {d: min(n for n, x in enumerate(doc_of, 1) if x == d) for d in rest}
+    assert rest == sorted(rest, key=firsts.__getitem__)
+
+
+def test_with_longest_first_off_the_order_ignores_lengths() -> None:
+    texts = shuffled_questions(seed=5)
+    lengths = [random.Random(n).choice([8, 64, 512]) for n in range(len(texts))]
+    assert build(texts, lengths=lengths, longest_first=False) == build(texts)
+    plain = [f"say req-{n}" for n in range(1, 30)]
+    entries = build(plain, lengths=[n % 7 + 1 for n in range(29)], longest_first=False)
+    assert [e.number for e in entries] == list(range(1, 30))
+
+
+def test_expected_length_reads_the_output_cap_or_the_batch_default() -> None:
+    chat_url = "/v1/chat/completions"
+    assert expected_length(chat_url, {"max_completion_tokens": 300, "max_tokens": 5}, 64) == 300
+    assert expected_length(chat_url, {"max_tokens": 5}, 64) == 5
+    assert expected_length("/v1/responses", {"max_output_tokens": 7}, None) == 7
+    assert expected_length("/v1/messages", {"max_tokens": 9}, None) == 9  # Anthropic's required cap
+    assert expected_length(chat_url, {"messages": []}, 64) == 64  # the batch's max_decoding_length
+    assert expected_length(chat_url, {"max_tokens": "many"}, None) == LONGEST  # no cap: may run longest
+    assert expected_length(chat_url, None, None) == LONGEST
+    assert expected_length("/v1/embeddings", {"input": "x"}, 64) == SHORT
+    assert expected_length("/v1/score", {"text_1": "a"}, None) == SHORT
 
 
 class FakeObjectStore:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from services.api.dispatch import state as dispatch_state
-from services.api.dispatch.positions import Position
 from services.api.dispatch.state import QueuedState
 from shared.input_lines import InputLine
 from shared.protocol.messages import SamplingDefaults
 from shared.seen_lines import SeenLines
+from shared.stores.dispatcher import Position
 
 
 class FakeCursorOfLines:

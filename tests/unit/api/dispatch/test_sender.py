@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from services.api.dispatch.positions import Position
 from services.api.dispatch.sender import LineSender
 from services.api.dispatch.state import QueuedState
 from shared.input_lines import InputLine
-from shared.protocol.messages import SamplingDefaults, read_plain_request
+from shared.protocol.messages import SamplingDefaults, read_request
+from shared.stores.dispatcher import Position
 
 
 def test_a_batch_lines_message_names_its_batch_and_project() -> None:
@@ -24,6 +24,6 @@ def test_a_batch_lines_message_names_its_batch_and_project() -> None:
         position=Position(),
     )
     raw = b'{"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}'
-    message = read_plain_request(LineSender.request(batch, InputLine(3, 0, raw)))
+    message = read_request(LineSender.request(batch, InputLine(3, 0, raw)))
     assert message is not None
     assert (message.batch_id, message.line, message.project) == ("batch_1", 3, "proj-a")

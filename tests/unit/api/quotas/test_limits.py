@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from services.api.dispatch.order import prompt_text
+from services.api.prompt_keys import prompt_text
 from services.api.quotas.limits import (
     LINE_LIMIT,
     QUOTA_EXCEEDED,

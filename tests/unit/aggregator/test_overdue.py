@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from services.aggregator.chunks import merge_and_split
-from services.aggregator.closing import (
+from services.aggregator.overdue import (
     CANCELLED,
     EXPIRED,
     close_reason,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from services.api.dispatch.journey import JourneyBook, SentLine
+from services.api.dispatch.sent_lines import JourneyBook, SentLine
 from shared.seen_lines import SeenLines
 from tests.support.fakes import FakeClock
 

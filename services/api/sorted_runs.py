@@ -1,7 +1,7 @@
 """Records sorted in bounded memory: runs sorted in memory, spilled to a temporary file, merged.
 
 Used where the api must sort something per input line without holding a line per record in
-memory: the dispatch order (``dispatch/order.py``) and the custom_id check of validation.
+memory: the dispatch order (``service/dispatch_order.py``) and the custom_id check of validation.
 """
 
 from __future__ import annotations

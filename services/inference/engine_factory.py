@@ -1,5 +1,5 @@
-"""Build the engine ``InferenceSettings.engine`` names: ``vllm`` (the default), ``remote`` or
-``fake``.
+"""Build the engine ``InferenceSettings.engine`` names: ``vllm`` (the default), ``remote``,
+``fake`` or ``sim``.
 
 The only module that knows every engine. Each is imported here, lazily: the vLLM engine imports
 vLLM, which the remote engine, the tests and the pipeline benchmark's fake engine do without.
@@ -27,6 +27,19 @@ async def open_engine(settings: InferenceSettings) -> AsyncIterator[Engine]:
             max_running=settings.fake_max_running,
             adapters=tuple(settings.lora_adapters),
         )
+        return
+    if settings.engine == "sim":
+        from services.inference.sim_engine import SimEngine
+
+        async with SimEngine(
+            model_id=settings.model_id or "sim-model",
+            max_context_length=settings.max_model_len,
+            max_num_seqs=settings.max_num_seqs,
+            kv_cache_blocks=settings.kv_cache_blocks,
+            speedup=settings.sim_speedup,
+            adapters=tuple(settings.lora_adapters),
+        ) as sim:
+            yield sim
         return
     if settings.engine == "remote":
         from services.inference.remote_engine import RemoteEngine

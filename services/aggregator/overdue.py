@@ -67,7 +67,7 @@ def fill_record(batch_id: str, line: int, raw: bytes, code: NotRunCode) -> bytes
         "id": fill_request_id(batch_id, line),
         "custom_id": custom_id if isinstance(custom_id, str) else None,
         "response": None,
-        "error": LineError.not_run(code).model_dump(),
+        "error": LineError.not_run(code).as_dict(),
     }
     return Record(line, False, compact_json(payload)).encode()
 

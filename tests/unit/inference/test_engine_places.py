@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from services.inference.engine import RequestAborted
-from services.inference.places import EnginePlaces
+from services.inference.engine_places import EnginePlaces
 
 _ids = (f"run{n}" for n in itertools.count())
 
