@@ -36,6 +36,8 @@ Batch internal fields:
 - ``completion_rate``: ``[at, lines_per_s]``, the batch's lines done per second over the last
   minute (services/aggregator/completion_rate.py), written with each live counts flush (null
   until it can be told); ``public`` derives the estimated completion time from it.
+- ``api``: the API the batch was created through and is shown by: ``openai`` (``/v1/batches``)
+  or ``anthropic`` (``/v1/messages/batches``, shared/protocol/anthropic.py).
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
   of them (the console's plot of lines over time; pushed on the flush's own write).
 
@@ -97,6 +99,7 @@ class BatchDocument(StoredDocument, BatchBase):
     enqueued_at: int | None = None
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
     completion_rate: list[float] | None = None
+    api: Literal["openai", "anthropic"] = "openai"
 
     def output_files_expire_at(self) -> int | None:
         """When the output and error files expire: ``output_expires_after`` from its anchor (the

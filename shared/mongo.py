@@ -39,6 +39,8 @@ BATCHES = Collection(
         IndexModel([("project", ASCENDING), ("sort_key", DESCENDING)]),
         # The same filtered by status (``GET /v1/batches?status=``, the console's refresh).
         IndexModel([("project", ASCENDING), ("status", ASCENDING), ("sort_key", DESCENDING)]),
+        # A project's message batches, paged both ways (MessageBatchStore.page).
+        IndexModel([("project", ASCENDING), ("api", ASCENDING), ("sort_key", DESCENDING)]),
         # The dispatch queue, the expiry sweep, the in-progress and unfinished-work scans.
         IndexModel([("status", ASCENDING)]),
     ),

@@ -254,6 +254,10 @@ class ApiSettings(BaseSettings):
     max_json_body_bytes: int = Field(default=1024 * 1024, ge=1)
     """Largest request body of any call but a file upload (1 MiB): a longer one answers 413
     ``request_too_large`` as soon as its ``Content-Length`` or its bytes so far say so."""
+    max_message_batch_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    """Largest ``POST /v1/messages/batches`` body (256 MiB, Anthropic's limit): the api holds a
+    message batch's requests in memory while it checks them and writes its input file; a larger
+    body answers 413 ``request_too_large``."""
     max_batch_lines: int = 1_000_000
     """Most request lines in a batch input file (OpenAI's is 50,000); more fail the batch with
     ``too_many_tasks`` naming the limit."""

@@ -23,13 +23,14 @@ from services.api.local_copies import LocalCopies, LocalFirstStore
 from services.api.openapi import install_openapi
 from services.api.quotas.service import QuotaService
 from services.api.quotas.settings import QuotaSettings
-from services.api.routes import batches, files, health, limits, models, partial, views
+from services.api.routes import batches, files, health, limits, message_batches, models, partial, views
 from services.api.routes.console import install_console
 from services.api.routes.health import MetricsServer
 from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
 from services.api.service.keys import KeyRing
+from services.api.service.message_batches import MessageBatchService
 from services.api.service.overview import OverviewService
 from services.api.service.partial import PartialOutputService
 from services.api.service.retry import RetryService
@@ -48,6 +49,7 @@ from shared.settings import (
 from shared.stores.batches import BatchStore
 from shared.stores.files import FileStore
 from shared.stores.idempotency import IdempotencyStore
+from shared.stores.message_batches import MessageBatchStore
 from shared.stores.models import ModelStore
 from shared.stores.webhooks import WebhookEventStore
 from shared.webhooks import EventRecorder
@@ -128,6 +130,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             error_lines=ErrorLinesService(partial, api_settings.max_list_bytes),
             overview=OverviewService(batch_store, model_store),
             retry=RetryService(batch_service, file_service, partial),
+            message_batches=MessageBatchService(
+                batch_service,
+                file_service,
+                partial,
+                MessageBatchStore(mongo.batches),
+                model_store,
+                api_settings,
+            ),
         )
         await batch_service.recover()
         dispatcher.start()
@@ -170,7 +180,7 @@ def create_app() -> FastAPI:
     install_openapi(app)
     app.middleware("http")(_observe)
     app.add_middleware(BodyLimit, settings=ApiSettings())  # outermost: before any body is read
-    for module in (files, batches, partial, views, limits, models, health):
+    for module in (files, batches, message_batches, partial, views, limits, models, health):
         app.include_router(module.router)
     install_console(app)
     return app

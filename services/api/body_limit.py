@@ -19,6 +19,7 @@ from shared.errors import PayloadTooLarge
 from shared.settings import ApiSettings
 
 UPLOAD_PATH = "/v1/files"
+MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 MULTIPART_SLACK = 64 * 1024
 """Bytes an upload's body may have beyond the file: the multipart framing and form fields."""
 REQUEST_TOO_LARGE = "request_too_large"
@@ -39,6 +40,8 @@ def _refusal(scope: Scope, settings: ApiSettings) -> tuple[int, PayloadTooLarge]
         error = PayloadTooLarge(f"The file is over the largest upload, {largest} bytes.", param="file")
         return largest + MULTIPART_SLACK, error
     limit = settings.max_json_body_bytes
+    if scope["method"] == "POST" and scope["path"].rstrip("/") == MESSAGE_BATCHES_PATH:
+        limit = settings.max_message_batch_bytes  # its requests come inline
     message = f"The request body is over the limit of {limit} bytes."
     return limit, PayloadTooLarge(message, code=REQUEST_TOO_LARGE)
 

@@ -15,6 +15,7 @@ from services.api.service.batches import BatchService
 from services.api.service.error_lines import ErrorLinesService
 from services.api.service.files import FileService
 from services.api.service.keys import KeyRing
+from services.api.service.message_batches import MessageBatchService
 from services.api.service.overview import OverviewService
 from services.api.service.partial import PartialOutputService
 from services.api.service.retry import RetryService
@@ -40,6 +41,7 @@ class ApiServices:
     error_lines: ErrorLinesService
     overview: OverviewService
     retry: RetryService
+    message_batches: MessageBatchService
 
 
 def services(request: Request) -> ApiServices:
@@ -48,15 +50,20 @@ def services(request: Request) -> ApiServices:
 
 # Declares the bearer scheme in the OpenAPI document, so /docs can authorize; a missing or
 # malformed header is answered by _project in OpenAI's error shape, not by FastAPI's 403.
-_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
+bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
 
 async def _project(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> str:
     key = credentials.credentials.strip() if credentials else ""
+    return await project_of(request, key, "Missing API key: send 'Authorization: Bearer <key>'.")
+
+
+async def project_of(request: Request, key: str, missing: str) -> str:
+    """The project an API key names; 401 saying ``missing`` without a key, or for a wrong one."""
     if not key:
-        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
+        raise AuthenticationFailed(missing)
     project = await services(request).keys.project_for(key)
     if project is None:
         raise AuthenticationFailed("Incorrect API key provided.")

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from shared.protocol.openai import CHAT, COMPLETIONS, RESPONSES
+from shared.protocol.openai import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 
 BLOCK_BYTES = 256
 MAX_BLOCKS = 16  # 4 KiB of a prompt take part in the key
@@ -61,9 +61,11 @@ def _messages_text(messages: Any) -> str:
 def prompt_text(url: str, body: dict[str, Any]) -> str | None:
     """The canonical prompt of a line, in the order the engine sees it; None where prefix caching
     does not apply (embeddings, score and rerank run on the pooling runner)."""
-    if url == CHAT:
+    if url in (CHAT, MESSAGES):
         tools = body.get("tools")
         head = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode() + "\x1d" if tools else ""
+        system = body.get("system") if url == MESSAGES else None  # Messages: rendered first
+        head += f"system\x1f{_content_text(system)}\x1e" if system else ""
         return head + _messages_text(body.get("messages"))
     if url == COMPLETIONS:
         prompt = body.get("prompt")

@@ -28,8 +28,14 @@ from services.client.batches import (
     submit,
 )
 from services.client.connection import connect
+from services.client.message_batches import messages_command
 from services.client.output import (
+    InputFile,
+    JsonFlag,
+    PollFlag,
+    WaitFlag,
     as_dict,
+    beside,
     counts,
     err,
     error_message,
@@ -59,9 +65,6 @@ keys_app = typer.Typer(help="Create, list and revoke API keys (MongoDB; needs th
 app.add_typer(batches_app, name="batches")
 app.add_typer(files_app, name="files")
 app.add_typer(keys_app, name="keys", no_args_is_help=True)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the api's JSON (for scripts).")]
-PollFlag = Annotated[float, typer.Option("--poll", help="Seconds between status checks.", min=0.05)]
 
 
 @dataclass
@@ -101,7 +104,7 @@ def _client(ctx: typer.Context) -> OpenAI:
 @app.command("submit")
 def submit_command(
     ctx: typer.Context,
-    input_path: Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)],
+    input_path: InputFile,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="Where the output lines go (default: FILE.output.jsonl)."),
@@ -130,9 +133,7 @@ def submit_command(
         bool, typer.Option(help="Lines may name several models and LoRA adapters (batchstream).")
     ] = False,
     poll: PollFlag = 1.0,
-    wait_for_it: Annotated[
-        bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
-    ] = True,
+    wait_for_it: WaitFlag = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Upload FILE, create a batch, show its progress, download its output and error lines.
@@ -141,9 +142,8 @@ def submit_command(
     failed (every bad input line is listed), 3 expired, 4 cancelled, 5 api error, 130 interrupted.
     """
     client = _client(ctx)
-    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
-    output = output or stem.with_name(stem.name + ".output.jsonl")
-    errors = errors or stem.with_name(stem.name + ".errors.jsonl")
+    output = output or beside(input_path, "output")
+    errors = errors or beside(input_path, "errors")
     defaults = SamplingDefaults(
         max_decoding_length=max_decoding_length,
         max_context_length=max_context_length,
@@ -174,6 +174,9 @@ def submit_command(
             soft_wrap=True,
         )
     finish(batch, as_json)
+
+
+app.command("messages")(messages_command)
 
 
 @app.command("retry")

@@ -7,7 +7,8 @@ import json
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
 
 import openai
 import typer
@@ -21,6 +22,19 @@ from services.client.progress import BatchProgress
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the api's JSON (for scripts).")]
+PollFlag = Annotated[float, typer.Option("--poll", help="Seconds between status checks.", min=0.05)]
+InputFile = Annotated[Path, typer.Argument(metavar="FILE", exists=True, dir_okay=False, readable=True)]
+WaitFlag = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="--no-wait: print the new batch and exit 0.")
+]
+
+
+def beside(input_path: Path, suffix: str) -> Path:
+    """FILE.<suffix>.jsonl next to FILE (its ``.jsonl`` dropped first): where a command writes."""
+    stem = input_path.with_suffix("") if input_path.suffix == ".jsonl" else input_path
+    return stem.with_name(f"{stem.name}.{suffix}.jsonl")
 
 
 def print_json(value: Any) -> None:

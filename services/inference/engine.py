@@ -42,6 +42,7 @@ from shared.protocol.openai import (  # noqa: F401 (the endpoints the contract s
     COMPLETIONS,
     EMBEDDINGS,
     GENERATE_ENDPOINTS,
+    MESSAGES,
     RERANK,
     RESPONSES,
     SCORE,

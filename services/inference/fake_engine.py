@@ -19,6 +19,7 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    MESSAGES,
     RERANK,
     RESPONSES,
     SCORE,
@@ -39,6 +40,7 @@ REQUIRED_FIELD: dict[str, str] = {
     COMPLETIONS: "prompt",
     EMBEDDINGS: "input",
     RESPONSES: "input",
+    MESSAGES: "messages",
 }
 
 
@@ -51,7 +53,7 @@ class FakeEngine:
         self,
         model_id: str = "fake-model",
         max_context_length: int = default("max_model_len"),
-        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK),
+        endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, SCORE, RERANK),
         seconds_per_token: float = default("fake_seconds_per_token"),
         max_running: int = 0,
         adapters: tuple[str, ...] = (),
@@ -107,7 +109,10 @@ class FakeEngine:
         required = REQUIRED_FIELD[url]
         if body.get(required) is None or (url == CHAT and not isinstance(body[required], list)):
             return error_answer(f"1 validation error:\n  {required}: Field required", param=required)
+        if url == MESSAGES and not isinstance(body.get("max_tokens"), int):  # Anthropic requires it
+            return error_answer("1 validation error:\n  max_tokens: Field required", param="max_tokens")
         prompt_tokens = _count_tokens(body[required]) + _count_tokens(body.get("instructions"))
+        prompt_tokens += _count_tokens(body.get("system"))
         limit = min(max_context_length or self.max_context_length, self.max_context_length)
         if prompt_tokens > limit:
             return error_answer(
@@ -129,6 +134,8 @@ class FakeEngine:
             return Answer.of(200, self._chat(request_id, usage, model, text), usage)
         if url == RESPONSES:
             return Answer.of(200, self._response(request_id, usage, model, text), usage)
+        if url == MESSAGES:
+            return Answer.of(200, self._message(request_id, usage, model, text), usage)
         return Answer.of(200, self._completion(request_id, usage, model, text), usage)
 
     def _chat(self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT) -> dict[str, Any]:
@@ -153,6 +160,20 @@ class FakeEngine:
             "model": model,
             "choices": [choice],
             "usage": _usage_body(usage),
+        }
+
+    def _message(
+        self, request_id: str, usage: TokenUsage, model: str, text: str = FAKE_TEXT
+    ) -> dict[str, Any]:
+        """An Anthropic Messages answer as vLLM's Messages route sends it (no null fields)."""
+        return {
+            "id": f"chatcmpl-{request_id}",
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+            "model": model,
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
         }
 
     def _response(

@@ -48,6 +48,7 @@ from services.inference.engine import (
     COMPLETIONS,
     EMBEDDINGS,
     GENERATE_ENDPOINTS,
+    MESSAGES,
     RERANK,
     RESPONSES,
     SCORE,
@@ -318,6 +319,10 @@ class RemoteEngine:
             probe = {"prompt": body["prompt"]}
         elif url == RESPONSES:
             probe = {"messages": _response_messages(body)}
+        elif url == MESSAGES:  # Anthropic's system prompt is a field of its own
+            system = body.get("system")
+            head = [{"role": "system", "content": system}] if system else []
+            probe = {"messages": head + list(body.get("messages") or [])}
         else:
             return None
         counted = await self._http.post(

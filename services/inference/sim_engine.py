@@ -42,6 +42,7 @@ from services.inference.engine import (
     COMPLETIONS,
     EMBEDDINGS,
     GENERATE_ENDPOINTS,
+    MESSAGES,
     RERANK,
     RESPONSES,
     SCORE,
@@ -79,7 +80,7 @@ class SimEngine:
     ) -> None:
         self.model_id = model_id
         self.max_context_length = max_context_length
-        self.endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK)
+        self.endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, SCORE, RERANK)
         self.adapters = adapters
         self.max_running = max_num_seqs
         self.speedup = speedup
@@ -126,6 +127,7 @@ class SimEngine:
             target = 0
         else:
             prompt = prompt_words(body.get(REQUIRED_FIELD[url])) + prompt_words(body.get("instructions"))
+            prompt += prompt_words(body.get("system"))
             target = output_length(body, limit - len(prompt), prompt) if url in GENERATE_ENDPOINTS else 0
         answer = self._answers._answer(url, body, request_id, max_context_length, max(1, target))
         if not answer.ok:

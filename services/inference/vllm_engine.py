@@ -21,6 +21,7 @@ import pydantic
 from starlette.datastructures import State
 from starlette.responses import Response
 from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest, AnthropicMessagesResponse
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -42,6 +43,7 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    MESSAGES,
     RERANK,
     RESPONSES,
     SCORE,
@@ -52,6 +54,7 @@ from services.inference.engine import (
     refuse_before_running,
 )
 from services.inference.settings import InferenceSettings
+from shared.protocol.anthropic import AnthropicErrorResponse
 from shared.protocol.messages import TokenUsage
 from shared.settings import MediaSettings
 
@@ -169,6 +172,8 @@ class VllmEngine:
             found.append(COMPLETIONS)
         if getattr(self._state, "openai_serving_responses", None) is not None:
             found.append(RESPONSES)
+        if getattr(self._state, "anthropic_serving_messages", None) is not None:
+            found.append(MESSAGES)
         if getattr(self._state, "serving_embedding", None) is not None:
             found.append(EMBEDDINGS)
         if getattr(self._state, "serving_scores", None) is not None:
@@ -192,6 +197,8 @@ class VllmEngine:
             priority = 0  # vLLM refuses a priority under first-come-first-served scheduling
         serving = self._serve(url, body, request_id, max_context_length, priority)
         answer = await self._runs.run(request_id, serving)
+        if url == MESSAGES and not answer.ok:
+            answer = _anthropic_error(answer)
         if answer.transient and self._client is not None and self._client.errored:
             # e.g. the engine core got the SIGTERM meant for the worker (a signal to the process
             # group): the serving code answers 500, but that is not this request's outcome.
@@ -239,6 +246,8 @@ class VllmEngine:
             return await self._state.openai_serving_completion.create_completion(request, None)
         if url == RESPONSES:
             return await self._state.openai_serving_responses.create_responses(request, None)
+        if url == MESSAGES:
+            return await self._state.anthropic_serving_messages.create_messages(request, None)
         if url in (SCORE, RERANK):
             return await self._state.serving_scores(request, None)
         return await self._state.serving_embedding(request, None)
@@ -252,8 +261,14 @@ class VllmEngine:
         """
         if url == RESPONSES:
             return await self._cap_response_context(request, limit)
-        if url == CHAT:
-            probe: Any = TokenizeChatRequest(messages=request.messages)
+        if url == MESSAGES:  # counted as the chat request the serving class makes of it
+            serving = self._state.anthropic_serving_messages
+            chat = serving.to_chat_completion_request(
+                request, merge_inline_system=serving._merge_inline_system
+            )
+            probe: Any = TokenizeChatRequest(messages=chat.messages)
+        elif url == CHAT:
+            probe = TokenizeChatRequest(messages=request.messages)
         elif url == COMPLETIONS and isinstance(request.prompt, str):
             probe = TokenizeCompletionRequest(prompt=request.prompt)
         else:
@@ -267,7 +282,9 @@ class VllmEngine:
                 f"Input length ({counted.count}) exceeds the batch's maximum context length ({limit}).",
                 param="max_context_length",
             )
-        if url == CHAT and request.max_completion_tokens is not None:
+        if url == MESSAGES:
+            request.max_tokens = min(request.max_tokens, room)
+        elif url == CHAT and request.max_completion_tokens is not None:
             request.max_completion_tokens = min(request.max_completion_tokens, room)
         else:
             request.max_tokens = min(request.max_tokens or room, room)
@@ -298,6 +315,8 @@ def _parse(url: str, body: dict[str, Any]) -> Any:
         return CompletionRequest.model_validate(body)
     if url == RESPONSES:
         return ResponsesRequest.model_validate(body)
+    if url == MESSAGES:
+        return AnthropicMessagesRequest.model_validate(body)
     if url == SCORE:  # one of its input pairs, as run_batch.py parses it
         return _SCORE_ADAPTER.validate_python(body)
     if url == RERANK:
@@ -321,12 +340,23 @@ def _to_answer(result: Any) -> Answer:
         return Answer(int(result.error.code), result.model_dump_json().encode())
     if isinstance(result, Response):  # already serialised by the serving class
         return Answer(int(result.status_code), bytes(result.body), _usage_of_raw(result))
+    if isinstance(result, AnthropicMessagesResponse):  # as vLLM's Messages route sends it
+        body = result.model_dump(exclude_none=True)
+        return Answer(200, orjson.dumps(body), _usage(body.get("usage")))
     if isinstance(result, ResponsesResponse):  # vLLM's router sends it by alias
         return Answer(200, result.model_dump_json(by_alias=True).encode(), _usage(result.usage))
     if isinstance(result, pydantic.BaseModel):
         usage = getattr(result, "usage", None)
         return Answer(200, result.model_dump_json().encode(), _usage(usage))
     return error_answer("Request must not be sent in stream mode", param="stream")
+
+
+def _anthropic_error(answer: Answer) -> Answer:
+    """An error answer to a Messages request in Anthropic's shape, as vLLM's Messages route
+    translates it (``translate_error_response``), its ``type`` Anthropic's for the status."""
+    detail = orjson.loads(answer.body).get("error") or {}
+    body = AnthropicErrorResponse.of(answer.status, str(detail.get("message", "")))
+    return Answer(answer.status, body.model_dump_json().encode(), answer.usage)
 
 
 def _usage(usage: Any) -> TokenUsage | None:

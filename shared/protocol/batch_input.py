@@ -13,7 +13,7 @@ import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from shared.protocol.openai import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES, SCORE, Endpoint
+from shared.protocol.openai import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RERANK, RESPONSES, SCORE, Endpoint
 
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonEmptyText = Annotated[str, Field(min_length=1)]
@@ -98,6 +98,14 @@ class ResponsesBody(RequestBody):
         return value
 
 
+class MessagesBody(RequestBody):
+    """An Anthropic Messages request (vLLM's ``AnthropicMessagesRequest``): ``messages`` and the
+    ``max_tokens`` Anthropic requires."""
+
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    max_tokens: PositiveInt
+
+
 # A score input as vLLM's ``ScoreInput``: a text, or ``{"content": [...]}`` for a multimodal
 # model; or a list of them, which vLLM refuses empty.
 ScoreInput = str | dict[str, Any]
@@ -157,6 +165,7 @@ BODY_BY_ENDPOINT: dict[Endpoint, tuple[type[RequestBody], str]] = {
     COMPLETIONS: (CompletionBody, "prompt"),
     EMBEDDINGS: (EmbeddingBody, "input"),
     RESPONSES: (ResponsesBody, "input"),
+    MESSAGES: (MessagesBody, "messages"),
     SCORE: (ScoreBody, "queries"),
     RERANK: (RerankBody, "query"),
 }

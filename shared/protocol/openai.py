@@ -14,14 +14,16 @@ Endpoint = Literal[
     "/v1/completions",
     "/v1/embeddings",
     "/v1/responses",
+    # Anthropic's Messages API, as vLLM serves it (a message batch's lines; docs/api.md).
+    "/v1/messages",
     # vLLM's extensions beside OpenAI's: a cross-encoder on the pooling runner scores text pairs.
     "/v1/score",
     "/v1/rerank",
 ]
 SUPPORTED_ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
 """The one list of the endpoints a batch line may name; the names below are its members."""
-CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK = SUPPORTED_ENDPOINTS
-GENERATE_ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, RESPONSES)
+CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, SCORE, RERANK = SUPPORTED_ENDPOINTS
+GENERATE_ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
 """The endpoints a generative model serves (the others run on the pooling runner)."""
 
 COMPLETION_WINDOW = "24h"

@@ -40,19 +40,25 @@ class TokenUsage(msgspec.Struct, kw_only=True, frozen=True):
 
     @classmethod
     def from_body_usage(cls, usage: Any) -> TokenUsage | None:
-        """From a body's ``usage`` object (chat, completions, embeddings, score, rerank); None if
-        there is none."""
+        """From a body's ``usage`` object (chat, completions, responses, messages, embeddings,
+        score, rerank); None if there is none."""
         if not isinstance(usage, dict):
             return None
         prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
         completion = _int(usage.get("completion_tokens", usage.get("output_tokens")))
         prompt_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
         output_details = usage.get("completion_tokens_details") or usage.get("output_tokens_details")
+        cached = _int(_get(prompt_details, "cached_tokens"))
+        if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
+            # A Messages body: its input_tokens leave out the prompt tokens read from or written
+            # to the cache.
+            cached = _int(usage.get("cache_read_input_tokens"))
+            prompt += cached + _int(usage.get("cache_creation_input_tokens"))
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=_int(usage.get("total_tokens")) or prompt + completion,
-            cached_tokens=_int(_get(prompt_details, "cached_tokens")),
+            cached_tokens=cached,
             reasoning_tokens=_int(_get(output_details, "reasoning_tokens")),
         )
 

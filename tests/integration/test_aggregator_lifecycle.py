@@ -10,17 +10,21 @@ straight to the results topic, the way workers publish them, so a test decides w
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from typing import Any
 
+import anthropic
 import httpx
 import psutil
 import pytest
 from aiokafka import AIOKafkaProducer
+from anthropic.types.messages import MessageBatch
 from openai import AsyncOpenAI
 from openai.types import Batch
 
@@ -33,7 +37,7 @@ from shared.storage import ObjectStore, result_chunk_prefix
 from shared.topics import results_topic
 from tests.support.lines import chat_line, parse_jsonl, read_lines_async
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
-from tests.support.waiting import TERMINAL, eventually, wait_status_async
+from tests.support.waiting import TERMINAL, eventually, wait_status_async, wait_until
 
 pytestmark = pytest.mark.e2e
 FAKE_MODEL = "fake-fast"
@@ -386,3 +390,216 @@ async def test_cancelled_batch_keeps_partial_output(
         return not await store.list_keys(result_chunk_prefix(batch.id))
 
     await eventually(chunks_deleted, 30, "the batch's result chunks deleted")
+
+
+# --- message batches (Anthropic's API) through the unmodified ``anthropic`` SDK on this stack
+
+
+@pytest.fixture
+def claude(fast_stack: Stack) -> Iterator[anthropic.Anthropic]:
+    base = fast_stack.base_url.removesuffix("/v1")
+    with anthropic.Anthropic(base_url=base, api_key=fast_stack.api_key, max_retries=5) as c:
+        yield c
+
+
+def message_request(custom_id: str, model: str = FAKE_MODEL, **params: Any) -> dict[str, Any]:
+    body = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": f"Hi {custom_id}"}]}
+    return {"custom_id": custom_id, "params": {**body, **params}}
+
+
+def wait_ended(claude: anthropic.Anthropic, batch_id: str, timeout_s: float = 30) -> MessageBatch:
+    def ended() -> MessageBatch | None:
+        batch = claude.messages.batches.retrieve(batch_id)
+        return batch if batch.processing_status == "ended" else None
+
+    return wait_until(ended, timeout_s, f"message batch {batch_id} ended", interval_s=0.2)
+
+
+async def test_a_message_batch_runs_with_the_anthropic_sdk(claude: anthropic.Anthropic) -> None:
+    ids = [f"msg-{n}" for n in range(5)]
+    created = claude.messages.batches.create(requests=[message_request(i) for i in ids])  # type: ignore[misc]
+    assert created.type == "message_batch" and created.processing_status == "in_progress"
+    assert created.results_url is None and created.ended_at is None
+    assert sum(created.request_counts.model_dump().values()) == 5  # they sum to the requests
+    assert created.expires_at - created.created_at == timedelta(hours=24)
+
+    done = wait_ended(claude, created.id)
+    assert done.request_counts.model_dump() == {
+        "processing": 0,
+        "succeeded": 5,
+        "errored": 0,
+        "canceled": 0,
+        "expired": 0,
+    }
+    assert done.ended_at is not None and done.ended_at >= done.created_at
+    assert done.results_url and done.results_url.endswith(f"/v1/messages/batches/{done.id}/results")
+    results = list(claude.messages.batches.results(done.id))
+    assert sorted(r.custom_id for r in results) == ids
+    for r in results:
+        assert r.result.type == "succeeded"
+        message = r.result.message
+        assert message.type == "message" and message.role == "assistant"
+        assert message.model == FAKE_MODEL and message.content[0].type == "text"
+        assert message.usage.input_tokens > 0 and message.usage.output_tokens == 1
+
+
+async def test_message_batches_list_in_pages_both_ways(claude: anthropic.Anthropic) -> None:
+    made = [claude.messages.batches.create(requests=[message_request("p")]).id for _ in range(3)]  # type: ignore[misc]
+    first = claude.messages.batches.list(limit=2)
+    assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
+    assert first.first_id == made[2] and first.last_id == made[1]
+    listed = [b.id for b in claude.messages.batches.list(limit=2)]  # the SDK follows after_id
+    assert listed[:3] == made[::-1]
+    assert len(listed) == len(set(listed))
+    newer = claude.messages.batches.list(before_id=made[0], limit=1)
+    assert [b.id for b in newer.data] == [made[1]] and newer.has_more
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        claude.messages.batches.list(after_id="batch_nope")
+    assert missing.value.body["type"] == "error"  # type: ignore[index]
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+async def test_a_canceled_message_batch_keeps_its_results_and_can_be_deleted(
+    claude: anthropic.Anthropic, mongo: Mongo
+) -> None:
+    """Two models in one batch: the served one answers, the ghost's requests never run."""
+    requests = [message_request(f"run-{n}") for n in range(3)]
+    requests += [message_request(f"wait-{n}", GHOST_MODEL) for n in range(2)]
+    batch = claude.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+
+    def three_answered() -> bool:
+        return claude.messages.batches.retrieve(batch.id).request_counts.succeeded == 3
+
+    wait_until(three_answered, 30, "the served model's three answers")
+    with pytest.raises(anthropic.BadRequestError, match="cancel it before deleting"):
+        claude.messages.batches.delete(batch.id)
+    canceling = claude.messages.batches.cancel(batch.id)
+    assert canceling.processing_status == "canceling" and canceling.cancel_initiated_at is not None
+    assert canceling.request_counts.processing == 2
+
+    done = wait_ended(claude, batch.id, CANCEL_TIMEOUT_S + 30)
+    counts = done.request_counts
+    assert (counts.succeeded, counts.canceled, counts.errored, counts.processing) == (3, 2, 0, 0)
+    results = {r.custom_id: r.result.type for r in claude.messages.batches.results(batch.id)}
+    assert results == {
+        **dict.fromkeys([f"run-{n}" for n in range(3)], "succeeded"),
+        "wait-0": "canceled",
+        "wait-1": "canceled",
+    }
+
+    deleted = claude.messages.batches.delete(batch.id)
+    assert (deleted.id, deleted.type) == (batch.id, "message_batch_deleted")
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.batches.retrieve(batch.id)
+    assert batch.id not in [b.id for b in claude.messages.batches.list(limit=100)]
+
+
+async def test_bad_message_batch_requests_are_each_named(
+    claude: anthropic.Anthropic, fast_stack: Stack
+) -> None:
+    requests = [
+        message_request("fine"),
+        message_request("unknown-model", "no-such-model"),
+        message_request("too-long", max_tokens=10**6),
+        {"custom_id": "no-messages", "params": {"model": FAKE_MODEL, "max_tokens": 8}},
+        {
+            "custom_id": "no-max-tokens",
+            "params": {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}]},
+        },
+        message_request("bad id!"),
+        message_request("fine"),
+    ]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+    error = refused.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error"
+    message = error["message"]
+    assert message.startswith("6 invalid requests")
+    for named in ("'unknown-model'", "'too-long'", "'no-messages'", "'no-max-tokens'", "'bad id!'"):
+        assert f"(custom_id {named})" in message
+    assert "no-such-model" in message and "exceeds the model's context length" in message
+    assert "requests[6] (custom_id 'fine'): custom_id is not unique" in message
+    assert "(custom_id 'fine'): " not in message.split("requests[6]")[0]
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.batches.create(requests=[])
+    wrong_key = anthropic.Anthropic(base_url=fast_stack.base_url.removesuffix("/v1"), api_key="nope")
+    with pytest.raises(anthropic.AuthenticationError) as unauthorized:
+        wrong_key.messages.batches.list()
+    assert unauthorized.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+
+
+async def test_a_message_batch_beside_an_openai_batch_on_one_model(
+    claude: anthropic.Anthropic, client: AsyncOpenAI
+) -> None:
+    """Both APIs on one model's queue, with exact counts; an OpenAI batch may carry Messages lines."""
+    total = 300
+    message_batch = claude.messages.batches.create(requests=[message_request(f"m{n}") for n in range(total)])  # type: ignore[misc]
+    openai_batch = await create_batch(
+        client, FAKE_MODEL, [chat_line(f"c{n}", FAKE_MODEL) for n in range(total)]
+    )
+    messages = [message_request(f"o{n}") for n in range(3)]
+    lines = [
+        json.dumps(
+            {"custom_id": m["custom_id"], "method": "POST", "url": "/v1/messages", "body": m["params"]}
+        )
+        for m in messages
+    ]
+    upload = await client.files.create(file=("m.jsonl", "\n".join(lines).encode()), purpose="batch")
+    messages_lines = await client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/messages", completion_window="24h"
+    )
+
+    done = wait_ended(claude, message_batch.id, 60)
+    assert done.request_counts.succeeded == total and done.request_counts.errored == 0
+    assert len({r.custom_id for r in claude.messages.batches.results(done.id)}) == total
+    finished = await wait_status_async(client, openai_batch.id, TERMINAL, 60)
+    assert finished.status == "completed" and finished.request_counts is not None
+    assert (finished.request_counts.completed, finished.request_counts.failed) == (total, 0)
+    # The message batch is a batch on the OpenAI side too, its lines' url /v1/messages.
+    as_batch = await client.batches.retrieve(message_batch.id)
+    assert as_batch.endpoint == "/v1/messages" and as_batch.status == "completed"
+    with pytest.raises(anthropic.NotFoundError):  # an OpenAI batch is no message batch
+        claude.messages.batches.retrieve(openai_batch.id)
+
+    carried = await wait_status_async(client, messages_lines.id, TERMINAL, 60)
+    assert carried.status == "completed"
+    output = await read_lines_async(client, carried.output_file_id)
+    assert [x["response"]["body"]["type"] for x in output] == ["message"] * 3
+
+
+async def test_a_message_batch_survives_sigkills_of_the_worker_and_the_aggregator(
+    fast_stack: Stack, claude: anthropic.Anthropic
+) -> None:
+    """Every request exactly once in the results, whatever the kills redeliver."""
+    total = 10_000
+    ids = [f"k{n}" for n in range(total)]
+    batch = claude.messages.batches.create(requests=[message_request(i) for i in ids])  # type: ignore[misc]
+
+    def succeeded_at_least(count: int) -> int | None:
+        counts = claude.messages.batches.retrieve(batch.id).request_counts
+        return counts.succeeded if counts.succeeded >= count else None
+
+    def kill(component: str) -> None:
+        pid = fast_stack.pid(component)
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        wait_until(lambda: fast_stack.pid(component) is None, 10, f"{component} gone")
+
+    worker = fast_stack.models[0].component
+    wait_until(lambda: succeeded_at_least(1000), 60, "1,000 requests answered")
+    kill(worker)
+    assert claude.messages.batches.retrieve(batch.id).request_counts.processing > 0  # mid-batch
+    fast_stack.start([worker])  # it rejoins its group while the aggregator is down
+    kill("aggregator")
+    fast_stack.start(["aggregator"])
+
+    done = wait_ended(claude, batch.id, 180)
+    assert done.request_counts.model_dump() == {
+        "processing": 0,
+        "succeeded": total,
+        "errored": 0,
+        "canceled": 0,
+        "expired": 0,
+    }
+    answered = [r.custom_id for r in claude.messages.batches.results(batch.id)]
+    assert len(answered) == total and set(answered) == set(ids)

@@ -246,3 +246,25 @@ def test_retry_makes_a_batch_of_the_failed_lines_and_waits_for_it(
     assert child["request_counts"] == {"total": 1, "completed": 0, "failed": 1}
     nothing = batchstream(stack, "retry", parent["id"], "--code", "batch_expired")
     assert nothing.returncode == 5 and "no error lines with code batch_expired" in nothing.stderr
+
+
+def test_messages_submits_a_message_batch_file_and_writes_its_results(
+    stack: Stack, model_id: str, tmp_path: Path
+) -> None:
+    ask = {"model": model_id, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    path = tmp_path / "claude.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": f"m{i}", "params": ask}) + "\n" for i in range(3)))
+    done = batchstream(stack, "messages", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "completed: 3 results to" in done.stderr
+    results = [json.loads(line) for line in (tmp_path / "claude.results.jsonl").read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in results) == ["m0", "m1", "m2"]
+    assert {r["result"]["type"] for r in results} == {"succeeded"}
+    assert results[0]["result"]["message"]["type"] == "message"
+
+    path.write_text(json.dumps({"custom_id": "bad one", "params": ask}) + "\n")
+    refused = batchstream(stack, "messages", str(path))
+    assert refused.returncode == 5
+    assert (
+        "error: 400 1 invalid request: requests[0] (custom_id 'bad one'): custom_id must be" in refused.stderr
+    )

@@ -400,3 +400,22 @@ def test_a_file_dropped_on_the_new_batch_page_is_the_one_uploaded(
     expect(page.locator("#error-lines")).to_contain_text("model_not_found")
     assert http.get(f"/v1/files/{batch['input_file_id']}/content").text == content
     assert http.get(f"/v1/files/{batch['input_file_id']}").json()["filename"] == "dropped.jsonl"
+
+
+def test_message_batches_are_listed_beside_the_others_and_tagged(
+    console: Console, model_id: str, http: httpx.Client
+) -> None:
+    params = {"model": model_id, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    created = http.post(
+        "/v1/messages/batches",
+        json={"requests": [{"custom_id": "m1", "params": params}]},
+        headers={"x-api-key": console.stack.api_key, "anthropic-version": "2023-06-01"},
+    )
+    assert created.status_code == 200, created.text
+    message_batch = created.json()["id"]
+    openai_batch = create_batch(http, chat_lines(model_id, "beside", 1, max_tokens=2))
+    page = console.login()
+    row = page.locator(f"tr[data-id='{message_batch}']")
+    expect(row).to_be_visible()
+    expect(row.locator("td.id .badge")).to_have_text("messages")
+    expect(page.locator(f"tr[data-id='{openai_batch}'] td.id .badge")).to_have_count(0)

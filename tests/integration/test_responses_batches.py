@@ -1,4 +1,5 @@
-"""Responses batches and cached prompt tokens, end to end through the unmodified ``openai`` SDK.
+"""Responses batches, cached prompt tokens and message batches, end to end through the unmodified
+``openai`` and ``anthropic`` SDKs.
 
 Runs on the whole stack (stand-in servers, api, aggregator, one vLLM worker on the tiny model):
 ``/v1/responses`` lines go through vLLM's own Responses serving code, and the batch's ``usage``
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import anthropic
 import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack
 from tests.support.lines import chat_line, read_lines, request_line
-from tests.support.waiting import wait_terminal
+from tests.support.waiting import wait_terminal, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -115,3 +117,42 @@ def test_a_repeated_long_prompt_is_counted_as_cached_input_tokens(client: OpenAI
     assert batch.usage.input_tokens_details.cached_tokens == sum(cached) > 0, cached
     prompt = output[0]["response"]["body"]["usage"]["prompt_tokens"]
     assert max(cached) < prompt  # vLLM recomputes at least the prompt's last token
+
+
+def test_a_message_batch_runs_through_vllms_messages_serving(stack: Stack, model_id: str) -> None:
+    """The unmodified ``anthropic`` SDK: a message batch's requests run through vLLM's own
+    Anthropic Messages serving code; an errored request keeps Anthropic's error shape."""
+    claude = anthropic.Anthropic(
+        base_url=stack.base_url.removesuffix("/v1"), api_key=stack.api_key, max_retries=5
+    )
+    user = [{"role": "user", "content": "Say hello"}]
+    requests: list[Any] = [
+        {"custom_id": "plain", "params": {"model": model_id, "max_tokens": 6, "messages": user}},
+        {
+            "custom_id": "system",
+            "params": {"model": model_id, "max_tokens": 4, "system": "Be brief.", "messages": user},
+        },
+        {  # a role vLLM's Messages request refuses: this request's own error, the others run
+            "custom_id": "bad-role",
+            "params": {"model": model_id, "max_tokens": 4, "messages": [{"role": "robot", "content": "hi"}]},
+        },
+    ]
+    created = claude.messages.batches.create(requests=requests)
+
+    def ended() -> Any:
+        batch = claude.messages.batches.retrieve(created.id)
+        return batch if batch.processing_status == "ended" else None
+
+    done = wait_until(ended, 300, "the message batch ended", interval_s=0.5)
+    assert (done.request_counts.succeeded, done.request_counts.errored) == (2, 1)
+    results = {r.custom_id: r.result for r in claude.messages.batches.results(done.id)}
+    for custom_id in ("plain", "system"):
+        result = results[custom_id]
+        assert result.type == "succeeded"
+        message = result.message
+        assert message.model == model_id and message.content[0].type == "text"
+        assert message.stop_reason in ("end_turn", "max_tokens")
+        assert 0 < message.usage.output_tokens <= 6 and message.usage.input_tokens > 0
+    bad = results["bad-role"]
+    assert bad.type == "errored" and bad.error.type == "error"
+    assert bad.error.error.type == "invalid_request_error"

@@ -234,7 +234,9 @@ function batchRow(batch) {
   const left = timeLeft(batch);
   const meta = Object.entries(batch.metadata || {}).map(([k, v]) => `${k}=${v}`).join(", ");
   return h("tr", { "data-id": batch.id, "data-status": batch.status },
-    h("td", { class: "id" }, h("a", { href: `#/batches/${batch.id}` }, batch.id)),
+    h("td", { class: "id" }, h("a", { href: `#/batches/${batch.id}` }, batch.id),
+      // Anthropic Messages lines: a message batch (/v1/messages/batches) or a batch of them.
+      batch.endpoint === "/v1/messages" ? [" ", h("span", { class: "badge", title: "Anthropic Messages requests" }, "messages")] : null),
     h("td", {}, badge(batch.status)),
     h("td", {}, progressBar(batch.request_counts), countsText(batch.request_counts)),
     h("td", { class: "wide" }, fmtTime(batch.created_at)),

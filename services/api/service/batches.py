@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import urllib3
@@ -107,7 +107,11 @@ class BatchService:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def create(
-        self, project: str, params: BatchCreateParams, idempotency_key: str | None = None
+        self,
+        project: str,
+        params: BatchCreateParams,
+        idempotency_key: str | None = None,
+        api: Literal["openai", "anthropic"] = "openai",
     ) -> Batch:
         window = params.checked_window_s()
         metadata = check_metadata(params.metadata)
@@ -142,6 +146,7 @@ class BatchService:
             priority=params.priority or 0,
             prefix_order=self.dispatch.prefix_order and params.prefix_order is not False,
             mixed_models=bool(params.mixed_models),
+            api=api,
         )
         release = functools.partial(
             self.dedupe.release, project, params.model_dump(), idempotency_key, batch_id

@@ -51,7 +51,7 @@ from services.api.dispatch.order import HEADER
 from services.api.prompt_keys import BLOCK_BYTES, DIGEST, KEY_BYTES, MAX_BLOCKS, prefix_key, shared_blocks
 from services.api.sorted_runs import SortedRuns
 from shared.input_lines import InputLine
-from shared.protocol.openai import CHAT, COMPLETIONS, RESPONSES
+from shared.protocol.openai import GENERATE_ENDPOINTS
 from shared.storage import ObjectStore, dispatch_order_key
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,6 @@ LONGEST = 0xFFFFFFFF
 SHORT = 1
 """The expected length of a line that generates nothing (embeddings, score, rerank)."""
 _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
-_GENERATING = frozenset({CHAT, COMPLETIONS, RESPONSES})
 RUN_TABLE_BUFFER = 64 * 1024
 
 
@@ -82,7 +81,7 @@ def expected_length(url: str, body: dict[str, Any] | None, default: int | None) 
     """How many tokens a line is expected to generate, for the longest-first order: its output
     cap, else the batch's ``max_decoding_length`` (``default``), else ``LONGEST``; ``SHORT`` for
     a line that generates nothing."""
-    if url not in _GENERATING:
+    if url not in GENERATE_ENDPOINTS:
         return SHORT
     for name in _OUTPUT_CAPS:
         value = (body or {}).get(name)

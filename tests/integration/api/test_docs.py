@@ -37,8 +37,13 @@ def test_the_openapi_document_declares_the_bearer_scheme(site: str) -> None:
     document = httpx.get(site + "/openapi.json", timeout=30).json()
 
     schemes = document["components"]["securitySchemes"]
-    ((name, scheme),) = schemes.items()
+    # The bearer scheme, and Anthropic's key header for the Message Batches API beside it.
+    assert set(schemes) == {"HTTPBearer", "AnthropicApiKey"}
+    name, scheme = "HTTPBearer", schemes["HTTPBearer"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    assert (schemes["AnthropicApiKey"]["in"], schemes["AnthropicApiKey"]["name"]) == ("header", "x-api-key")
+    anthropic_keys = [{"AnthropicApiKey": []}, {name: []}]
+    assert document["paths"]["/v1/messages/batches"]["post"]["security"] == anthropic_keys
     assert document["paths"]["/v1/batches"]["post"]["security"] == [{name: []}]
     assert document["paths"]["/v1/files/{file_id}/content"]["get"]["security"] == [{name: []}]
     assert "security" not in document["paths"]["/health"]["get"]

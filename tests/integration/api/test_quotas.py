@@ -36,6 +36,7 @@ PROJECTS: dict[str, dict[str, int]] = {
     "valid": {"concurrent_validations": 1},
     "view": {"queued_lines": 50, "stored_bytes": 1_000_000},
     "free": {},  # the defaults
+    "claude": {"batches_in_progress": 1},  # message batches
 }
 ENV = {
     "BATCHSTREAM_API_KEYS": ",".join(f"sk-quota-{p}={p}" for p in PROJECTS),
@@ -203,6 +204,20 @@ def test_a_create_while_validations_fill_the_limit_answers_429(api: Api, quota_d
     retried = create(valid_api, input_file_id=file_id, headers=key)  # the refusal kept no claim
     assert retried.status_code == 200, retried.text
     assert valid_api.get(f"/v1/batches/{retried.json()['id']}").status_code == 200
+
+
+def test_a_message_batch_past_a_quota_answers_anthropic_s_429_and_keeps_no_file(api: Api) -> None:
+    claude = api("claude")
+    ask = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    body = {"requests": [{"custom_id": "q1", "params": ask}]}
+    assert claude.post("/v1/messages/batches", json=body).status_code == 200  # the one in progress
+    files_before = claude.get("/v1/files").json()["data"]
+    refused = claude.post("/v1/messages/batches", json=body)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "7"
+    error = refused.json()
+    assert error["type"] == "error" and error["error"]["type"] == "rate_limit_error"
+    assert "Limit: 1 batches in progress" in error["error"]["message"]
+    assert claude.get("/v1/files").json()["data"] == files_before  # its input file went too
 
 
 def test_another_project_is_not_limited(api: Api) -> None:

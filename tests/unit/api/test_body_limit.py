@@ -14,7 +14,9 @@ from services.api.body_limit import MULTIPART_SLACK, BodyLimit
 from services.api.errors import install_error_handlers
 from shared.settings import ApiSettings
 
-LIMITS = ApiSettings(max_file_bytes=1000, max_batch_input_bytes=100_000, max_json_body_bytes=200)
+LIMITS = ApiSettings(
+    max_file_bytes=1000, max_batch_input_bytes=100_000, max_json_body_bytes=200, max_message_batch_bytes=5000
+)
 
 
 def app_with_limits(reached: list[str]) -> FastAPI:
@@ -30,6 +32,12 @@ def app_with_limits(reached: list[str]) -> FastAPI:
     async def create(request: Request) -> dict[str, Any]:
         body = await request.body()
         reached.append("create")
+        return {"bytes": len(body)}
+
+    @app.post("/v1/messages/batches")
+    async def create_message_batch(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        reached.append("message batch")
         return {"bytes": len(body)}
 
     app.add_middleware(BodyLimit, settings=LIMITS)
@@ -127,3 +135,13 @@ async def test_a_json_body_over_its_limit_is_refused_by_length_or_as_it_streams(
     assert_413(await client.post("/v1/batches", content=b"z" * 201), "request_too_large", 200)
     assert_413(await client.post("/v1/batches", content=chunked(b"z" * 300, 100)), "request_too_large", 200)
     assert reached == ["create"]
+
+
+async def test_a_message_batch_body_has_its_own_limit(client: httpx.AsyncClient, reached: list[str]) -> None:
+    """Its requests come inline: more than any other JSON body, up to max_message_batch_bytes."""
+    within = await client.post("/v1/messages/batches", content=b"x" * 5000)
+    assert within.status_code == 200 and reached == ["message batch"]
+    assert_413(await client.post("/v1/messages/batches", content=b"x" * 5001), "request_too_large", 5000)
+    streamed = await client.post("/v1/messages/batches", content=chunked(b"x" * 6000))
+    assert_413(streamed, "request_too_large", 5000)
+    assert reached == ["message batch"]

@@ -9,6 +9,9 @@ import pytest
 from services.api.app import create_app
 
 ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
+# Anthropic's Message Batches API answers in Anthropic's error shape, to Anthropic's key header too.
+MESSAGE_BATCHES = "/v1/messages/batches"
+ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicErrorResponse"}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,8 @@ def test_every_operation_declares_400_and_503_with_the_error_body(document: dict
             declared = op["responses"].get(status, {}).get("content", {}).get("application/json", {})
             if path == "/health" and status == "503":
                 continue  # its own body, below
-            assert declared.get("schema") == ERROR, f"{method} {path} {status}"
+            expected = ANTHROPIC_ERROR if path.startswith(MESSAGE_BATCHES) else ERROR
+            assert declared.get("schema") == expected, f"{method} {path} {status}"
         assert "Retry-After" in op["responses"]["503"]["headers"], f"{method} {path}"
 
 
@@ -39,6 +43,9 @@ def test_keyed_operations_declare_401_and_the_unkeyed_ones_need_no_key(document:
     for method, path, op in operations(document):
         if path in {"/health", "/livez", "/readyz", "/metrics"}:
             assert "security" not in op and "401" not in op["responses"], path
+        elif path.startswith(MESSAGE_BATCHES):
+            assert op["security"] == [{"AnthropicApiKey": []}, {"HTTPBearer": []}], f"{method} {path}"
+            assert "401" in op["responses"], f"{method} {path}"
         else:
             assert op["security"] == [{"HTTPBearer": []}] and "401" in op["responses"], f"{method} {path}"
     assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from services.inference.engine import CHAT, COMPLETIONS, RESPONSES, Answer, Engine, RequestAborted
+from services.inference.engine import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Answer, Engine, RequestAborted
 
 ERROR_FIELDS = {"message", "type", "param", "code"}
 LONG_TOKENS = 1500
@@ -117,6 +117,46 @@ async def refuses_a_response_over_the_request_context_cap_with_400(engine: Engin
         return
     body = {"model": engine.model_id, "input": " ".join(["word"] * 64), "max_output_tokens": 2}
     assert_error(await engine.run(RESPONSES, body, "contract-responses-cap", max_context_length=8), 400)
+
+
+def message(engine: Engine, content: str = "Say hi", **extra: Any) -> dict[str, Any]:
+    """An Anthropic Messages request (a message batch's line)."""
+    return {
+        "model": engine.model_id,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": content}],
+        **extra,
+    }
+
+
+@check
+async def answers_messages_with_a_message_and_its_usage(engine: Engine) -> None:
+    if MESSAGES not in engine.endpoints:
+        return
+    answer = await engine.run(MESSAGES, message(engine, system="Be brief."), "contract-messages")
+    assert answer.status == 200, answer.body[:300]
+    body = orjson.loads(answer.body)
+    assert (body["type"], body["role"], body["model"]) == ("message", "assistant", engine.model_id)
+    assert body["content"] and body["content"][0]["type"] == "text"
+    assert body["stop_reason"] in ("end_turn", "max_tokens", "stop_sequence")
+    assert "stop_sequence" not in body or body["stop_sequence"] is not None  # no null fields
+    usage = body["usage"]
+    assert answer.usage is not None and answer.usage.prompt_tokens >= usage["input_tokens"] > 0
+    assert answer.usage.completion_tokens == usage["output_tokens"] > 0
+    assert b"\n" not in answer.body
+    blocks = message(engine, content=[{"type": "text", "text": "Say hi"}], max_tokens=2)  # type: ignore[arg-type]
+    assert (await engine.run(MESSAGES, blocks, "contract-messages-blocks")).ok
+
+
+@check
+async def refuses_a_bad_message_and_one_over_the_request_context_cap_with_400(engine: Engine) -> None:
+    if MESSAGES not in engine.endpoints:
+        return
+    no_cap = {k: v for k, v in message(engine).items() if k != "max_tokens"}
+    for body, cap in ((no_cap, None), (message(engine, " ".join(["word"] * 64)), 8)):
+        answer = await engine.run(MESSAGES, body, "contract-messages-bad", max_context_length=cap)
+        assert answer.status == 400, (answer.status, answer.body[:300])
+        assert orjson.loads(answer.body)["error"]["message"]
 
 
 @check

@@ -51,6 +51,7 @@ STORED_BATCH_FIELDS = {
     "enqueued",
     "enqueued_at",
     "end_recorded",
+    "api",
     "completion_rate",
 }
 STORED_FILE_FIELDS = {

@@ -128,6 +128,17 @@ def test_prompt_text_follows_the_rendered_order() -> None:
     assert prompt_text("/v1/completions", {"prompt": "abc"}) == "abc"
 
 
+def test_a_messages_prompt_shares_its_system_prompt_as_a_prefix() -> None:
+    system = "You are terse." * 80
+    a = prompt_text("/v1/messages", {"system": system, "messages": [{"role": "user", "content": "Q1"}]})
+    b = prompt_text("/v1/messages", {"system": system, "messages": [{"role": "user", "content": "Q2"}]})
+    assert a is not None and b is not None and a.startswith("system\x1f" + system)
+    assert shared_blocks(prefix_key(a), prefix_key(b)) == len(f"system\x1f{system}\x1e") // 256
+    blocks = [{"type": "text", "text": system}]
+    c = prompt_text("/v1/messages", {"system": blocks, "messages": [{"role": "user", "content": "Q3"}]})
+    assert c is not None and c.startswith("system\x1f" + system)
+
+
 def test_affinity_keeps_a_slice_on_its_partition_and_spills_when_full() -> None:
     affinity = Affinity(slice_lines=4, slack_lines=2)
     entry = OrderEntry(start=0, length=1, number=1, group=12345, rank=0)
@@ -214,6 +225,7 @@ def test_expected_length_reads_the_output_cap_or_the_batch_default() -> None:
     assert expected_length(chat_url, {"max_completion_tokens": 300, "max_tokens": 5}, 64) == 300
     assert expected_length(chat_url, {"max_tokens": 5}, 64) == 5
     assert expected_length("/v1/responses", {"max_output_tokens": 7}, None) == 7
+    assert expected_length("/v1/messages", {"max_tokens": 9}, None) == 9  # Anthropic's required cap
     assert expected_length(chat_url, {"messages": []}, 64) == 64  # the batch's max_decoding_length
     assert expected_length(chat_url, {"max_tokens": "many"}, None) == LONGEST  # no cap: may run longest
     assert expected_length(chat_url, None, None) == LONGEST
