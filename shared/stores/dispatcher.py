@@ -28,13 +28,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared import lifecycle
 from shared.seen_lines import SeenLines
 
 Document = dict[str, Any]
+DUPLICATE_KEY = 11000  # MongoDB's error code for a unique index (``_id``) collision
 
 
 # The batch document's fields the api's dispatcher reads (``DispatchView``).
@@ -184,14 +186,24 @@ class PositionStore:
         found = self._positions.find({"_id": {"$in": batch_ids}})
         return {doc["_id"]: doc async for doc in found}
 
-    async def save(self, batch_id: str, position: Position) -> None:
-        stored = {"line": position.line, "byte": position.byte, "sent": position.sent}
-        try:
-            await self._positions.update_one(
-                {"_id": batch_id, "line": {"$lt": position.line}}, {"$set": stored}, upsert=True
+    async def save(self, positions: dict[str, Position]) -> None:
+        """Store these batches' positions in one request; a position stored further already is
+        kept (its upsert collides with the document and is skipped)."""
+        if not positions:
+            return
+        updates = [
+            UpdateOne(
+                {"_id": batch_id, "line": {"$lt": p.line}},
+                {"$set": {"line": p.line, "byte": p.byte, "sent": p.sent}},
+                upsert=True,
             )
-        except DuplicateKeyError:  # already as far or further: keep it
-            pass
+            for batch_id, p in positions.items()
+        ]
+        try:
+            await self._positions.bulk_write(updates, ordered=False)
+        except BulkWriteError as exc:
+            if any(e.get("code") != DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
+                raise
 
     async def forget(self, batch_ids: list[str]) -> None:
         if batch_ids:

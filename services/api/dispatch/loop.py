@@ -323,7 +323,8 @@ class Dispatcher:
         queue = self._queue(model, state, now)
         # A batch not started yet gets its first lines beyond the allowance (policy.py), up to a
         # second target in the topic.
-        starting = min(state.policy.head_start_lines(queue, now), state.backlog.head_room())
+        lag = state.backlog.lag
+        starting = min(state.policy.head_start_lines(queue, now, lag), state.backlog.head_room())
         allowance = state.backlog.allowance(state.book.in_topic())
         budget = min(self.settings.round_lines, max(allowance, starting))
         if budget <= 0 or not queue:
@@ -344,7 +345,7 @@ class Dispatcher:
         load = state.book.in_topic_by_partition() if self.settings.affinity else {}
         outgoing = await self.sender.round(state.topic)
         try:
-            for grant in state.policy.plan(queue, budget, now):
+            for grant in state.policy.plan(queue, budget, now, lag):
                 batch = self.batches.get(grant.batch_id)  # the policy's batch is a dispatch unit
                 if batch is None:
                     continue  # failed this round (``_unreadable``)
@@ -416,16 +417,16 @@ class Dispatcher:
     # ------------------------------------------------------------- positions
 
     async def _save_positions(self, now: float, force: bool = False) -> None:
-        for batch in list(self.batches.values()):
-            if not batch.dirty:
-                continue
-            if (
-                not force
-                and not batch.position.done
-                and now - batch.saved_at < self.settings.position_flush_s
-            ):
-                continue
-            await self.positions.save(batch.unit, batch.position)
+        """Store the positions due (every ``position_flush_s``, at once when a batch is wholly
+        sent or on ``force``) in one request; then mark the batches wholly sent ``emitted``."""
+        due = [
+            batch
+            for batch in self.batches.values()
+            if batch.dirty
+            and (force or batch.position.done or now - batch.saved_at >= self.settings.position_flush_s)
+        ]
+        await self.positions.save({batch.unit: batch.position for batch in due})
+        for batch in due:
             batch.dirty, batch.saved_at = False, now
             if batch.position.done and not batch.emitted:
                 await self.queue.mark_emitted(batch.batch_id, batch.part, batch.parts)

@@ -7,7 +7,12 @@ operator orders projects. A round's budget goes, in this order:
    10 lines is wholly sent, within one round whatever is queued), but one project's new batches
    share ``start_lines`` per round between them, charged to the project's virtual time, and a
    project more than one head start ahead of its tier's lowest virtual time gets none: a project
-   sending many small batches gets no more than its share.
+   sending many small batches gets no more than its share. A project joining the share gets,
+   instead of ``start_lines``, its weight's share of the lines already in flight (``backlog``) if
+   that is more: those lines were sent before it came, and until they drain its lines would
+   otherwise reach the workers only at its share of the drain; the workers give a freed place to
+   the project with the fewest lines running, so its head start runs at once, and it is charged
+   to its virtual time like any line.
 2. **Tiers**, which only the operator grants (``project_tiers``, default 0): a higher tier's
    projects are served before a lower tier's. Within a tier:
 3. **Batches at risk** (``QueuedBatch.at_risk``, computed by the loop with ``at_risk``): a batch
@@ -31,6 +36,7 @@ does not lower its share of another.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -121,13 +127,14 @@ class FairSharePolicy:
     def tier(self, project: str) -> int:
         return self.tiers.get(project, 0)
 
-    def plan(self, queued: Sequence[QueuedBatch], budget: int, now: float) -> list[Grant]:
-        """Split ``budget`` lines between the queued batches, in the order they should be sent."""
+    def plan(self, queued: Sequence[QueuedBatch], budget: int, now: float, backlog: int = 0) -> list[Grant]:
+        """Split ``budget`` lines between the queued batches, in the order they should be sent;
+        ``backlog``: the model's lines in flight (sent, not yet committed by its workers)."""
         live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
         tiers = self._tiers(live)
         self._level(tiers)
         granted: dict[str, int] = {}
-        left = self._head_starts(live, granted, budget)
+        left = self._head_starts(live, granted, budget, backlog)
         # Head starts taking the whole round leave the share with the top tier: its projects
         # wait behind new batches, not behind a higher tier, and keep their place.
         self._reached = {b.project for b in tiers[0]} if tiers and left <= 0 else set()
@@ -139,14 +146,24 @@ class FairSharePolicy:
             left = self._share(tier, granted, left)
         return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
 
-    def head_start_lines(self, queued: Sequence[QueuedBatch], now: float) -> int:
+    def head_start_lines(self, queued: Sequence[QueuedBatch], now: float, backlog: int = 0) -> int:
         """Lines the head starts of ``queued`` take (the loop's budget covers them always)."""
         live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
         self._level(self._tiers(live))
         return sum(
-            min(sum(b.remaining for b in batches), self.start_lines)
-            for batches in self._starting(live).values()
+            min(sum(b.remaining for b in batches), self._start(project, live, backlog))
+            for project, batches in self._starting(live).items()
         )
+
+    def _start(self, project: str, live: list[QueuedBatch], backlog: int) -> int:
+        """A project's head start this round: ``start_lines``, or, for a project joining its
+        tier's share (one the last plan did not reach), its weight's share of the ``backlog`` in
+        flight if that is more."""
+        if project in self._reached or backlog <= 0:
+            return self.start_lines
+        tier = self.tier(project)
+        weights = sum(self.weight(p) for p in {b.project for b in live if self.tier(b.project) == tier})
+        return max(self.start_lines, math.ceil(backlog * self.weight(project) / weights))
 
     def _starting(self, live: list[QueuedBatch]) -> dict[str, list[QueuedBatch]]:
         """The new batches that get a head start, by project (higher priority, then older,
@@ -169,13 +186,15 @@ class FairSharePolicy:
                 new.setdefault(project, []).append(batch)
         return new
 
-    def _head_starts(self, live: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
-        """Each project's new batches share ``start_lines``, evenly (higher priority, then older,
-        first when lines are fewer than batches); projects in tier, then virtual time, order."""
+    def _head_starts(self, live: list[QueuedBatch], granted: dict[str, int], left: int, backlog: int) -> int:
+        """Each project's new batches share its head start (``_start``), evenly (higher priority,
+        then older, first when lines are fewer than batches); projects in tier, then virtual
+        time, order."""
         new = self._starting(live)
         for project in sorted(new, key=lambda p: (-self.tier(p), self._virtual.get(p, 0.0), p)):
             batches = new[project]
-            for batch, lines in zip(batches, _fill(min(self.start_lines, left), batches), strict=True):
+            start = self._start(project, live, backlog)
+            for batch, lines in zip(batches, _fill(min(start, left), batches), strict=True):
                 if lines > 0:
                     granted[batch.batch_id] = lines
                     self._charge(batch, lines)

@@ -184,6 +184,34 @@ def test_a_projects_new_batches_share_its_head_start_with_a_fake_clock() -> None
     assert policy.head_start_lines([*news, other], clock()) == 0
 
 
+def test_a_project_joining_behind_a_backlog_gets_its_share_of_it_at_once_with_a_fake_clock() -> None:
+    """600 of "b"'s lines are in flight when "a"'s first batch comes: "a" starts with its weight's
+    share of them (300 at equal weights, 450 at three to one), not ``start_lines``, is charged for
+    them, and from then on gets only ``start_lines`` for a new batch while the share evens out."""
+    for weights, expected in (({}, 300), ({"a": 3.0}, 450)):
+        clock = FakeClock()
+        policy = FairSharePolicy(weights=weights, quantum=16, start_lines=32)
+        big = batch("big", "b", remaining=1_000_000)
+        assert shares(policy.plan([big], 64, clock(), backlog=600)) == {"big": 64}
+        first = batch("a1", "a", remaining=1_000, started=False, order=1)
+        assert policy.head_start_lines([big, first], clock(), backlog=600) == expected
+        grants = shares(policy.plan([big, first], expected, clock(), backlog=600))
+        assert grants == {"a1": expected}
+        # "a" is reached now: a second new batch of its own gets at most ``start_lines``.
+        second = batch("a2", "a", remaining=1_000, started=False, order=2)
+        started = batch("a1", "a", remaining=1_000 - expected, order=1)
+        assert policy.head_start_lines([big, started, second], clock(), backlog=600) <= 32
+        # The head start was charged: "b" is served until "a" is level again.
+        assert shares(policy.plan([big, started], 64, clock(), backlog=600)) == {"big": 64}
+
+
+def test_a_project_joining_an_idle_model_gets_start_lines_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    policy = FairSharePolicy(start_lines=32)
+    first = batch("a1", "a", remaining=1_000, started=False)
+    assert policy.head_start_lines([first], clock(), backlog=0) == 32
+
+
 def test_at_risk_reads_the_remaining_lines_at_the_rate_it_can_count_on() -> None:
     # 1,000 lines at 1 line/s need 1,000 s: at risk with 1,500 s left and a 600 s margin.
     assert at_risk(1000, 1.0, capacity=10.0, queued=10, time_left=1500, margin_s=600)
