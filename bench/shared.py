@@ -45,6 +45,7 @@ from openai import OpenAI
 from bench.common import MongoPoller, median, new_stack, percentile, start_stack, table
 from bench.sim_server import SimServer
 from deploy.local import ModelSpec
+from deploy.local.model_server import ModelServer
 from deploy.local.probes import metric_value, poll_until
 from deploy.local.vllm_serve import VllmServer
 
@@ -94,11 +95,11 @@ def live_body(i: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def generated(server: VllmServer | SimServer) -> float:
+def generated(server: ModelServer) -> float:
     return metric_value(f"{server.url}/metrics", "vllm:generation_tokens_total")
 
 
-async def saturate(server: VllmServer | SimServer, body: Any, seconds: float) -> dict[str, float]:
+async def saturate(server: ModelServer, body: Any, seconds: float) -> dict[str, float]:
     """Requests ``body(i)`` kept ``max_num_seqs`` at once for ``seconds``: requests/s, tokens/s."""
     done = tokens = 0
     deadline = time.monotonic() + seconds
@@ -119,9 +120,7 @@ async def saturate(server: VllmServer | SimServer, body: Any, seconds: float) ->
     return {"requests_per_s": done / took, "tokens_per_s": tokens / took}
 
 
-async def live_client(
-    server: VllmServer | SimServer, rate: float, seconds: float, max_tokens: int
-) -> dict[str, Any]:
+async def live_client(server: ModelServer, rate: float, seconds: float, max_tokens: int) -> dict[str, Any]:
     """Live requests at ``rate`` per second for ``seconds`` (open loop): their latencies."""
     latencies: list[float] = []
     tokens = 0
@@ -156,7 +155,7 @@ def wait_for(check: Any, timeout_s: float, what: str) -> None:
 
 def during_batch(
     args: Any,
-    server: VllmServer | SimServer,
+    server: ModelServer,
     client: OpenAI,
     poller: MongoPoller,
     rate: float,
@@ -198,7 +197,7 @@ def during_batch(
 
 def run(args: Any) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="batchstream-shared-"))
-    server: VllmServer | SimServer
+    server: ModelServer
     if args.engine == "sim":
         model_name = "simulated GPU"
         server = SimServer(SERVED_NAME, args.shared_max_num_seqs, args.sim_speedup, args.shared_max_model_len)
