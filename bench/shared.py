@@ -42,7 +42,7 @@ from typing import Any, Final
 import httpx
 from openai import OpenAI
 
-from bench.common import MongoPoller, median, new_stack, percentile, start_stack, table
+from bench.common import MongoPoller, create_batch, median, new_stack, percentile, start_stack, table
 from bench.sim_server import SimServer
 from deploy.local import ModelSpec
 from deploy.local.model_server import ModelServer
@@ -174,8 +174,8 @@ def during_batch(
             }
             out.write(json.dumps(line) + "\n")
     upload = client.files.create(file=path.open("rb"), purpose="batch")
-    batch = client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h")
-    trace = poller.watch(batch.id)
+    batch_id, _ = create_batch(client, upload.id)
+    trace = poller.watch(batch_id)
     # Lines flow: a whole wave of the server's sequences has been generated since the batch began.
     start_tokens = generated(server)
     wave = server.max_num_seqs * args.shared_max_tokens
@@ -185,8 +185,8 @@ def during_batch(
     window = time.monotonic() - t0
     batch_tokens = generated(server) - before - live["tokens"]
     ended_early = trace.done()
-    client.batches.cancel(batch.id)
-    poller.wait(batch.id, 300)
+    client.batches.cancel(batch_id)
+    poller.wait(batch_id, 300)
     wait_for(
         lambda: metric_value(f"{server.url}/metrics", "vllm:num_requests_running") == 0, 120, "idle server"
     )
