@@ -97,9 +97,7 @@ class SimServer(ModelServer):
                 *("--speedup", f"{speedup:g}", "--max-model-len", str(max_model_len)),
             ]
 
-        super().__init__(
-            "the simulated server", argv, served_name, max_num_seqs, start_timeout_s=start_timeout_s
-        )
+        super().__init__("simulated server", argv, served_name, max_num_seqs, start_timeout_s=start_timeout_s)
 
 
 def main() -> int:
