@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from openai import OpenAI
 
 from deploy.local import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
 from shared.protocol.messages import result_count
@@ -165,6 +166,18 @@ class ProcessSampler:
         return {n: self.cpu_end.get(n, 0.0) - self.cpu_marked.get(n, 0.0) for n in self.pids}
 
 
+# ------------------------------------------------------------------------------------ batches
+
+
+def create_batch(client: OpenAI, file_id: str) -> tuple[str, float]:
+    """A chat-completions batch of the uploaded ``file_id``: its id and when it was created."""
+    created = time.time()
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return batch.id, created
+
+
 # ------------------------------------------------------------------------------------ polling
 
 
@@ -212,6 +225,13 @@ class MongoPoller:
                 return trace
             time.sleep(self.interval_s / 2)
         raise TimeoutError(f"batch {batch_id} not {what} after {timeout_s:.0f} s: {trace.doc}")
+
+    def completed(self, batch_id: str, timeout_s: float) -> BatchTrace:
+        """``wait`` until the batch ends; ``RuntimeError`` unless it completed."""
+        trace = self.wait(batch_id, timeout_s)
+        if trace.doc.get("status") != "completed":
+            raise RuntimeError(f"batch ended {trace.doc.get('status')}: {trace.doc.get('errors')}")
+        return trace
 
     def close(self) -> None:
         self._stop.set()

@@ -13,32 +13,23 @@ own stacks; nothing here starts a stack.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from openai import OpenAI
 
-from bench.common import BatchTrace, MongoPoller, median, table
+from bench.common import BatchTrace, MongoPoller, create_batch, median, table
 from deploy.local.stack import Stack
 
 UploadSmall = Callable[[OpenAI, str], str]
-
-
-def create(client: OpenAI, file_id: str) -> tuple[str, float]:
-    created = time.time()
-    batch = client.batches.create(
-        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    return batch.id, created
 
 
 def small_alone(client: OpenAI, poller: MongoPoller, upload_small: UploadSmall, runs: int) -> list[float]:
     """The small batch alone on the idle stack; the first run warms up and is dropped."""
     alone = []
     for n in range(runs + 1):
-        batch_id, created = create(client, upload_small(client, f"alone{n}"))
+        batch_id, created = create_batch(client, upload_small(client, f"alone{n}"))
         trace = poller.wait(batch_id, 600)
         if n:
             alone.append(trace.status_at["completed"] - created)
@@ -57,9 +48,9 @@ def head_of_line(
     """Small alone, then small created as soon as the big batch is in_progress."""
     alone = small_alone(client, poller, upload_small, runs)
     small_file = upload_small(client, "during")
-    big_id, _ = create(client, big_file_id)
+    big_id, _ = create_batch(client, big_file_id)
     poller.wait(big_id, 600, "in_progress")
-    small_id, small_created = create(client, small_file)
+    small_id, small_created = create_batch(client, small_file)
     small = poller.wait(small_id, 1800)
     big = poller.wait(big_id, 3600)
     during = small.status_at.get("completed", float("nan")) - small_created
@@ -94,7 +85,7 @@ def project_shares(stack: Stack, poller: MongoPoller, upload: Callable[[OpenAI, 
 
     def create_watched(project: str) -> tuple[str, float]:
         go.wait()
-        batch_id, created = create(clients[project], files[project])
+        batch_id, created = create_batch(clients[project], files[project])
         poller.watch(batch_id)
         return batch_id, created
 

@@ -36,6 +36,7 @@ from bench.common import (
     ResultsTap,
     chat_line,
     cpu_seconds,
+    create_batch,
     median,
     new_stack,
     start_stack,
@@ -170,20 +171,15 @@ def batchstream_once(
     cpu_before = stack_cpu(pids)
     start = time.time()
     upload = client.files.create(file=("parity.jsonl", input_path.read_bytes()), purpose="batch")
-    created_at = time.time()
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    trace = poller.wait(batch.id, timeout_s=1800)
-    if trace.doc.get("status") != "completed":
-        raise RuntimeError(f"batch ended {trace.doc.get('status')}: {trace.doc.get('errors')}")
+    batch_id, created_at = create_batch(client, upload.id)
+    trace = poller.completed(batch_id, timeout_s=1800)
     done = trace.status_at["completed"]
     out_id = trace.doc["output_file_id"]
     lines = [json.loads(x) for x in client.files.content(out_id).text.splitlines() if x.strip()]
     tokens, failed, texts = summarize_output(lines)
-    tap.wait_for(batch.id, len(lines), 10)
-    last_result = max(tap.times.get(batch.id) or [float("nan")])
-    first_result = min(tap.times.get(batch.id) or [float("nan")])
+    tap.wait_for(batch_id, len(lines), 10)
+    last_result = max(tap.times.get(batch_id) or [float("nan")])
+    first_result = min(tap.times.get(batch_id) or [float("nan")])
     timed = done - created_at
     cpu_after = stack_cpu(pids)
     return {

@@ -49,6 +49,7 @@ from bench.common import (
     ProcessSampler,
     ResultsTap,
     chat_line,
+    create_batch,
     median,
     new_stack,
     percentile,
@@ -130,14 +131,6 @@ def profile_summary(stacks: list[tuple[str, int]], top: int = 15) -> dict[str, A
     }
 
 
-def run_small(client: OpenAI, poller: MongoPoller, file_id: str) -> tuple[str, float]:
-    created = time.time()
-    batch = client.batches.create(
-        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    return batch.id, created
-
-
 def upload_small(client: OpenAI, tag: str) -> str:
     data = "\n".join(chat_line(f"{tag}-{i}", MODEL, f"hello {i}", max_tokens=16) for i in range(SMALL_LINES))
     return client.files.create(file=(f"{tag}.jsonl", data.encode()), purpose="batch").id
@@ -180,7 +173,7 @@ def _measure(
     # Head-of-line baseline: the small batch alone on the idle stack (the first run warms up).
     alone = []
     for n in range(args.small_runs + 1):
-        small_id, created = run_small(client, poller, upload_small(client, f"alone{n}"))
+        small_id, created = create_batch(client, upload_small(client, f"alone{n}"))
         trace = poller.wait(small_id, 120)
         if n:
             alone.append(trace.status_at["completed"] - created)
@@ -201,17 +194,14 @@ def _measure(
         t_upload = time.time()
         with big_path.open("rb") as fh:
             upload = client.files.create(file=("big.jsonl", fh), purpose="batch")
-        t_create = time.time()
         sampler.mark()  # the batch's own CPU, without the upload's
-        big = client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        big_trace = poller.wait(big.id, 600, "in_progress")
-        small_id, small_created = run_small(client, poller, small_file)
+        big_id, t_create = create_batch(client, upload.id)
+        big_trace = poller.wait(big_id, 600, "in_progress")
+        small_id, small_created = create_batch(client, small_file)
         small_trace = poller.wait(small_id, 600)
-        big_trace = poller.wait(big.id, 900)
+        big_trace = poller.wait(big_id, 900)
         t_done = time.time()
-        tap.wait_for(big.id, args.lines, 30)
+        tap.wait_for(big_id, args.lines, 30)
     tap.close()
     lag_parts = lag_breakdown(lag_before, aggregator_lag_sums(stack))
     profile = None
@@ -225,7 +215,7 @@ def _measure(
     at = big_trace.status_at
     emitted_at = big_trace.emitted_at or float("nan")
     completed = at.get("completed", t_done)
-    results = sorted(tap.times.get(big.id, []))
+    results = sorted(tap.times.get(big_id, []))
     lag = _count_lag(results, big_trace.counts)
     cpu = sampler.cpu
     lines = args.lines

@@ -26,13 +26,12 @@ import random
 import re
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
 
-from bench.common import MongoPoller, median, new_stack, start_stack, table
+from bench.common import MongoPoller, create_batch, median, new_stack, start_stack, table
 from bench.parity import engine_env, run_batch_once
 from deploy.local import ModelSpec, Stack
 
@@ -181,13 +180,8 @@ def cache_figures(lines: list[dict[str, Any]]) -> dict[str, float]:
 
 def stack_once(client: OpenAI, poller: MongoPoller, input_path: Path) -> dict[str, Any]:
     upload = client.files.create(file=("prefix.jsonl", input_path.read_bytes()), purpose="batch")
-    created_at = time.time()
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    trace = poller.wait(batch.id, timeout_s=3600)
-    if trace.doc.get("status") != "completed":
-        raise RuntimeError(f"batch ended {trace.doc.get('status')}: {trace.doc.get('errors')}")
+    batch_id, created_at = create_batch(client, upload.id)
+    trace = poller.completed(batch_id, timeout_s=3600)
     timed = trace.status_at["completed"] - created_at
     counts = trace.doc.get("request_counts") or {}
     if counts.get("failed"):
@@ -223,10 +217,7 @@ def warm_up(client: OpenAI, poller: MongoPoller) -> None:
     # Several lines, so that with two workers both are likely to take one.
     lines = "\n".join(line.replace('"warm-up"', f'"warm-up-{i}"') for i in range(8))
     upload = client.files.create(file=("warm-up.jsonl", lines.encode()), purpose="batch")
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    poller.wait(batch.id, timeout_s=600)
+    poller.wait(create_batch(client, upload.id)[0], timeout_s=600)
 
 
 def grouped(input_path: Path, work: Path) -> Path:

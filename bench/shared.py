@@ -42,9 +42,10 @@ from typing import Any, Final
 import httpx
 from openai import OpenAI
 
-from bench.common import MongoPoller, median, new_stack, percentile, start_stack, table
+from bench.common import MongoPoller, create_batch, median, new_stack, percentile, start_stack, table
 from bench.sim_server import SimServer
 from deploy.local import ModelSpec
+from deploy.local.model_server import ModelServer
 from deploy.local.probes import metric_value, poll_until
 from deploy.local.vllm_serve import VllmServer
 
@@ -94,11 +95,11 @@ def live_body(i: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def generated(server: VllmServer | SimServer) -> float:
+def generated(server: ModelServer) -> float:
     return metric_value(f"{server.url}/metrics", "vllm:generation_tokens_total")
 
 
-async def saturate(server: VllmServer | SimServer, body: Any, seconds: float) -> dict[str, float]:
+async def saturate(server: ModelServer, body: Any, seconds: float) -> dict[str, float]:
     """Requests ``body(i)`` kept ``max_num_seqs`` at once for ``seconds``: requests/s, tokens/s."""
     done = tokens = 0
     deadline = time.monotonic() + seconds
@@ -119,9 +120,7 @@ async def saturate(server: VllmServer | SimServer, body: Any, seconds: float) ->
     return {"requests_per_s": done / took, "tokens_per_s": tokens / took}
 
 
-async def live_client(
-    server: VllmServer | SimServer, rate: float, seconds: float, max_tokens: int
-) -> dict[str, Any]:
+async def live_client(server: ModelServer, rate: float, seconds: float, max_tokens: int) -> dict[str, Any]:
     """Live requests at ``rate`` per second for ``seconds`` (open loop): their latencies."""
     latencies: list[float] = []
     tokens = 0
@@ -156,7 +155,7 @@ def wait_for(check: Any, timeout_s: float, what: str) -> None:
 
 def during_batch(
     args: Any,
-    server: VllmServer | SimServer,
+    server: ModelServer,
     client: OpenAI,
     poller: MongoPoller,
     rate: float,
@@ -175,8 +174,8 @@ def during_batch(
             }
             out.write(json.dumps(line) + "\n")
     upload = client.files.create(file=path.open("rb"), purpose="batch")
-    batch = client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h")
-    trace = poller.watch(batch.id)
+    batch_id, _ = create_batch(client, upload.id)
+    trace = poller.watch(batch_id)
     # Lines flow: a whole wave of the server's sequences has been generated since the batch began.
     start_tokens = generated(server)
     wave = server.max_num_seqs * args.shared_max_tokens
@@ -186,8 +185,8 @@ def during_batch(
     window = time.monotonic() - t0
     batch_tokens = generated(server) - before - live["tokens"]
     ended_early = trace.done()
-    client.batches.cancel(batch.id)
-    poller.wait(batch.id, 300)
+    client.batches.cancel(batch_id)
+    poller.wait(batch_id, 300)
     wait_for(
         lambda: metric_value(f"{server.url}/metrics", "vllm:num_requests_running") == 0, 120, "idle server"
     )
@@ -198,7 +197,7 @@ def during_batch(
 
 def run(args: Any) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="batchstream-shared-"))
-    server: VllmServer | SimServer
+    server: ModelServer
     if args.engine == "sim":
         model_name = "simulated GPU"
         server = SimServer(SERVED_NAME, args.shared_max_num_seqs, args.sim_speedup, args.shared_max_model_len)

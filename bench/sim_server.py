@@ -7,8 +7,8 @@ simulated engine's answers, ``services/inference/sim_engine.py``) and ``/metrics
 series the benchmark and the remote worker read: ``vllm:generation_tokens_total``,
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``. Run it with
 ``python -m bench.sim_server --port P --served-name NAME ...``; ``SimServer`` starts it as a
-process with ``VllmServer``'s surface. Latencies it causes are simulated seconds divided by
-``--speedup``: compare them as ratios.
+process (a ``deploy.local.model_server.ModelServer``, as ``VllmServer`` is). Latencies it causes
+are simulated seconds divided by ``--speedup``: compare them as ratios.
 """
 
 from __future__ import annotations
@@ -16,21 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from deploy.local.ports import free_port
-from deploy.local.probes import http_ready, wait_ready
+from deploy.local.model_server import ModelServer
 from services.inference.engine import CHAT, COMPLETIONS
 from services.inference.sim_engine import SimEngine
 
@@ -85,8 +79,8 @@ def build_app(engine: SimEngine, served_name: str) -> FastAPI:
     return app
 
 
-class SimServer:
-    """``python -m bench.sim_server`` as a process, with ``VllmServer``'s surface."""
+class SimServer(ModelServer):
+    """``python -m bench.sim_server`` as a process."""
 
     def __init__(
         self,
@@ -96,45 +90,14 @@ class SimServer:
         max_model_len: int,
         start_timeout_s: float = 60,
     ) -> None:
-        self.served_name, self.max_num_seqs = served_name, max_num_seqs
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.start_timeout_s = start_timeout_s
-        self.log = Path(tempfile.mkdtemp(prefix="batchstream-sim-server-")) / "serve.log"
-        self.argv = [sys.executable, "-m", "bench.sim_server", "--port", str(self.port)]
-        self.argv += ["--served-name", served_name, "--max-num-seqs", str(max_num_seqs)]
-        self.argv += ["--speedup", f"{speedup:g}", "--max-model-len", str(max_model_len)]
-        self._process: subprocess.Popen[bytes] | None = None
+        def argv(port: int) -> list[str]:
+            return [
+                *(sys.executable, "-m", "bench.sim_server", "--port", str(port)),
+                *("--served-name", served_name, "--max-num-seqs", str(max_num_seqs)),
+                *("--speedup", f"{speedup:g}", "--max-model-len", str(max_model_len)),
+            ]
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self._process = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        state = wait_ready(http_ready(f"{self.url}/health"), lambda: self.running, self.start_timeout_s)
-        if state != "ready":
-            self.kill()
-            raise RuntimeError(f"the simulated server {state}: {self.log.read_text()[-2000:]}")
-
-    def kill(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        super().__init__("simulated server", argv, served_name, max_num_seqs, start_timeout_s=start_timeout_s)
 
 
 def main() -> int:

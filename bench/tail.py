@@ -39,7 +39,7 @@ from typing import Any
 
 from openai import OpenAI
 
-from bench.common import new_stack, start_stack, table
+from bench.common import create_batch, new_stack, start_stack, table
 from bench.parity import run_batch_once
 from bench.simulated import SIM_PROFILE, run_file, sim_env
 from deploy.local import ModelSpec, Stack
@@ -169,22 +169,15 @@ def upload(client: OpenAI, lines: list[str], name: str) -> str:
     return client.files.create(file=(name, ("\n".join(lines) + "\n").encode()), purpose="batch").id
 
 
-def create(client: OpenAI, file_id: str) -> str:
-    return client.batches.create(
-        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
-    ).id
-
-
 def batchstream_side(
     client: OpenAI, stack: Stack, lines: list[str], scale: float, beside: list[str] | None = None
 ) -> dict[str, Any]:
     """The batch's figures, in the engine's seconds (``scale``: simulated seconds per wall second);
     with ``beside``, another batch of those lines created just before it shares the engine (and
     is cancelled once the measured batch ends)."""
-    other = create(client, upload(client, beside, "beside.jsonl")) if beside else None
+    other = create_batch(client, upload(client, beside, "beside.jsonl"))[0] if beside else None
     file_id = upload(client, lines, "tail.jsonl")
-    created_at = time.time()
-    batch_id = create(client, file_id)
+    batch_id, created_at = create_batch(client, file_id)
     watch = CountsWatch(stack, batch_id, len(lines))
     watch.join(timeout_s=7200)
     if other is not None and client.batches.retrieve(other).status in ("validating", "in_progress"):
@@ -213,7 +206,7 @@ def warm_up(client: OpenAI) -> None:
             "body": {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1},
         }
     )
-    batch_id = create(client, upload(client, [line], "warm-up.jsonl"))
+    batch_id, _ = create_batch(client, upload(client, [line], "warm-up.jsonl"))
     deadline = time.monotonic() + 600
     while (
         client.batches.retrieve(batch_id).status not in ("completed", "failed")

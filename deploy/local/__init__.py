@@ -9,6 +9,8 @@
 - ``supervisor``: ``up``/``down``/``status`` as ``make`` runs them, and the broker-loss policy.
 - ``cli``: ``python -m deploy.local up|down|status`` (typer).
 - ``models``: prepares the models ``make up`` and the tests serve.
+- ``model_server``: an OpenAI-compatible model server as a process on a free port (start, wait
+  healthy, kill).
 - ``vllm_serve``: a real ``vllm serve`` on a free port (the remote engine's tests and benchmark).
 
 Tests, bench and scripts import the names below from here (or a name from the module that defines

@@ -31,6 +31,8 @@ def error_response(error: BatchstreamError) -> JSONResponse:
 
 
 UNKNOWN_PARAMETER = "unknown_parameter"
+DATABASE_UNAVAILABLE = "The database is unavailable; retry shortly."
+SERVER_ERROR = "The server had an error processing the request."
 
 
 def _param(loc: tuple[str | int, ...]) -> str | None:
@@ -74,15 +76,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServerSelectionTimeoutError)
     async def _mongo_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("mongodb unavailable: %s", exc)
-        return error_response(DependencyUnavailable("The database is unavailable; retry shortly."))
+        return error_response(DependencyUnavailable(DATABASE_UNAVAILABLE))
 
     @app.exception_handler(PyMongoError)
-    async def _mongo_error(_: Request, exc: PyMongoError) -> JSONResponse:
+    async def _mongo_error(request: Request, exc: PyMongoError) -> JSONResponse:
         if exc.timeout:  # the operation's time limit (timeoutMS) passed: MongoDB is not answering
-            log.warning("mongodb timed out: %s", exc)
-            return error_response(DependencyUnavailable("The database is unavailable; retry shortly."))
+            return await _mongo_down(request, exc)
         log.exception("database error")
-        return error_response(BatchstreamError("The server had an error processing the request."))
+        return error_response(BatchstreamError(SERVER_ERROR))
 
     # S3Error (an error answer), the SDK's other errors, and urllib3's (no answer: refused, timed out)
     @app.exception_handler(MinioException)
@@ -104,4 +105,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return error_response(BatchstreamError("The server had an error processing the request."))
+        return error_response(BatchstreamError(SERVER_ERROR))

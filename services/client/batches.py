@@ -111,11 +111,7 @@ def run_batch(
     endpoint: str = "/v1/chat/completions",
     completion_window: str = COMPLETION_WINDOW,
     metadata: Mapping[str, str] | None = None,
-    max_decoding_length: int | None = None,
-    max_context_length: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
+    defaults: SamplingDefaults | None = None,
     poll_s: float = 1.0,
     timeout_s: float | None = None,
     on_progress: Progress | None = None,
@@ -123,18 +119,11 @@ def run_batch(
     """Run ``input_path`` as one batch and write its results; returns the final batch.
 
     ``client`` defaults to ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, then the local stack. The
-    sampling defaults apply to every line whose body does not set the same field. Check
+    sampling ``defaults`` apply to every line whose body does not set the same field. Check
     ``batch.status`` (``EXIT_CODES`` maps it to a process exit status) and, when ``failed``,
     ``batch.errors.data`` for every bad input line.
     """
     client = client or connect()
-    defaults = SamplingDefaults(
-        max_decoding_length=max_decoding_length,
-        max_context_length=max_context_length,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-    )
     created = submit(
         client,
         input_path,

@@ -11,6 +11,7 @@ from openai.types import Batch
 from deploy.local.stack import Stack
 from services.client.batches import EXIT_CODES, run_batch
 from services.client.connection import connect
+from shared.protocol.messages import SamplingDefaults
 
 pytestmark = pytest.mark.e2e
 
@@ -36,8 +37,7 @@ def test_run_batch_applies_the_defaults_and_writes_both_files(
         tmp_path / "out.jsonl",
         tmp_path / "err.jsonl",
         client=connect(stack.base_url, stack.api_key),
-        max_decoding_length=2,
-        temperature=0.0,
+        defaults=SamplingDefaults(max_decoding_length=2, temperature=0.0),
         poll_s=0.2,
         on_progress=seen.append,
     )

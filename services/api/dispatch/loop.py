@@ -321,10 +321,10 @@ class Dispatcher:
     async def _dispatch(self, model: str, now: float) -> int:
         state = self._model(model)
         queue = self._queue(model, state, now)
+        lineup = state.policy.lineup(queue, now, state.backlog.lag)
         # A batch not started yet gets its first lines beyond the allowance (policy.py), up to a
         # second target in the topic.
-        lag = state.backlog.lag
-        starting = min(state.policy.head_start_lines(queue, now, lag), state.backlog.head_room())
+        starting = min(lineup.head_start_lines, state.backlog.head_room())
         allowance = state.backlog.allowance(state.book.in_topic())
         budget = min(self.settings.round_lines, max(allowance, starting))
         if budget <= 0 or not queue:
@@ -345,7 +345,7 @@ class Dispatcher:
         load = state.book.in_topic_by_partition() if self.settings.affinity else {}
         outgoing = await self.sender.round(state.topic)
         try:
-            for grant in state.policy.plan(queue, budget, now, lag):
+            for grant in state.policy.plan(lineup, budget):
                 batch = self.batches.get(grant.batch_id)  # the policy's batch is a dispatch unit
                 if batch is None:
                     continue  # failed this round (``_unreadable``)

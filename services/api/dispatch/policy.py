@@ -58,6 +58,23 @@ class QueuedBatch:
 
 
 @dataclass(frozen=True)
+class HeadStart:
+    """One project's new batches that get a head start this round, and the lines they share."""
+
+    lines: int
+    batches: list[QueuedBatch]
+
+
+@dataclass(frozen=True)
+class Lineup:
+    """One round's queue as the policy serves it (``FairSharePolicy.lineup``)."""
+
+    tiers: list[list[QueuedBatch]]  # the live batches by their project's tier, highest first
+    starting: list[HeadStart]  # the head starts, by project, in the order they are served
+    head_start_lines: int  # lines those head starts take (the loop's budget covers them always)
+
+
+@dataclass(frozen=True)
 class Grant:
     batch_id: str
     lines: int
@@ -127,16 +144,28 @@ class FairSharePolicy:
     def tier(self, project: str) -> int:
         return self.tiers.get(project, 0)
 
-    def plan(self, queued: Sequence[QueuedBatch], budget: int, now: float, backlog: int = 0) -> list[Grant]:
-        """Split ``budget`` lines between the queued batches, in the order they should be sent;
-        ``backlog``: the model's lines in flight (sent, not yet committed by its workers)."""
+    def lineup(self, queued: Sequence[QueuedBatch], now: float, backlog: int = 0) -> Lineup:
+        """The round's queue as ``plan`` serves it: its live batches by tier (their projects
+        levelled, ``_level``) and the new batches that get a head start, with its size
+        (``_start``; ``backlog``: the model's lines in flight, sent and not yet committed by its
+        workers). Made once a round, before any line of it is charged; one ``plan`` per lineup."""
         live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
         tiers = self._tiers(live)
         self._level(tiers)
+        starting = [HeadStart(self._start(b[0].project, live, backlog), b) for b in self._starting(live)]
+        return Lineup(
+            tiers=tiers,
+            starting=starting,
+            head_start_lines=sum(min(sum(b.remaining for b in h.batches), h.lines) for h in starting),
+        )
+
+    def plan(self, lineup: Lineup, budget: int) -> list[Grant]:
+        """Split ``budget`` lines between the lineup's batches, in the order they should be sent."""
         granted: dict[str, int] = {}
-        left = self._head_starts(live, granted, budget, backlog)
+        left = self._head_starts(lineup.starting, granted, budget)
         # Head starts taking the whole round leave the share with the top tier: its projects
         # wait behind new batches, not behind a higher tier, and keep their place.
+        tiers = lineup.tiers
         self._reached = {b.project for b in tiers[0]} if tiers and left <= 0 else set()
         for tier in tiers:
             if left <= 0:
@@ -145,15 +174,6 @@ class FairSharePolicy:
             left = self._rescue(tier, granted, left)
             left = self._share(tier, granted, left)
         return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
-
-    def head_start_lines(self, queued: Sequence[QueuedBatch], now: float, backlog: int = 0) -> int:
-        """Lines the head starts of ``queued`` take (the loop's budget covers them always)."""
-        live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
-        self._level(self._tiers(live))
-        return sum(
-            min(sum(b.remaining for b in batches), self._start(project, live, backlog))
-            for project, batches in self._starting(live).items()
-        )
 
     def _start(self, project: str, live: list[QueuedBatch], backlog: int) -> int:
         """A project's head start this round: ``start_lines``, or, for a project joining its
@@ -165,13 +185,13 @@ class FairSharePolicy:
         weights = sum(self.weight(p) for p in {b.project for b in live if self.tier(b.project) == tier})
         return max(self.start_lines, math.ceil(backlog * self.weight(project) / weights))
 
-    def _starting(self, live: list[QueuedBatch]) -> dict[str, list[QueuedBatch]]:
-        """The new batches that get a head start, by project (higher priority, then older,
-        first). A project more than one head start (``start_lines`` over its weight) ahead of
-        the lowest virtual time of its tier's queued projects gets none: its new batches wait
-        for its share like any line, so a project creating batches all the time is not served
-        beyond its share by their head starts (which the loop's budget covers whatever the
-        backlog)."""
+    def _starting(self, live: list[QueuedBatch]) -> list[list[QueuedBatch]]:
+        """The new batches that get a head start, one list per project (higher priority, then
+        older, first), projects in tier, then virtual time, order. A project more than one head
+        start (``start_lines`` over its weight) ahead of the lowest virtual time of its tier's
+        queued projects gets none: its new batches wait for its share like any line, so a
+        project creating batches all the time is not served beyond its share by their head
+        starts (which the loop's budget covers whatever the backlog)."""
         lowest: dict[int, float] = {}
         for batch in live:
             tier, virtual = self.tier(batch.project), self._virtual.get(batch.project, 0.0)
@@ -184,17 +204,15 @@ class FairSharePolicy:
             ahead = self._virtual.get(project, 0.0) - lowest[self.tier(project)]
             if ahead <= self.start_lines / self.weight(project):
                 new.setdefault(project, []).append(batch)
-        return new
+        order = sorted(new, key=lambda p: (-self.tier(p), self._virtual.get(p, 0.0), p))
+        return [new[project] for project in order]
 
-    def _head_starts(self, live: list[QueuedBatch], granted: dict[str, int], left: int, backlog: int) -> int:
-        """Each project's new batches share its head start (``_start``), evenly (higher priority,
-        then older, first when lines are fewer than batches); projects in tier, then virtual
-        time, order."""
-        new = self._starting(live)
-        for project in sorted(new, key=lambda p: (-self.tier(p), self._virtual.get(p, 0.0), p)):
-            batches = new[project]
-            start = self._start(project, live, backlog)
-            for batch, lines in zip(batches, _fill(min(start, left), batches), strict=True):
+    def _head_starts(self, starting: list[HeadStart], granted: dict[str, int], left: int) -> int:
+        """Each project's new batches share its head start, evenly (higher priority, then older,
+        first when lines are fewer than batches)."""
+        for start in starting:
+            batches = start.batches
+            for batch, lines in zip(batches, _fill(min(start.lines, left), batches), strict=True):
                 if lines > 0:
                     granted[batch.batch_id] = lines
                     self._charge(batch, lines)

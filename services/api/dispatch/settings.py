@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from collections.abc import Callable
+from typing import TypeVar
+
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.settings import WORKER_COMMIT_INTERVAL_S
+
+T = TypeVar("T")
 
 # The loop's pause is the shortest of its timers (refresh, meter, lease, positions, journeys): each
 # is at least this, so the loop always rests.
@@ -105,51 +110,51 @@ class DispatchSettings(BaseSettings):
     """How often sent lines are checked for results; also the longest pause between readings of
     the group's offsets (the only readings while a model has nothing to send)."""
 
-    @field_validator("project_weights")
+    @field_validator("project_weights", "project_tiers")
     @classmethod
-    def _weights_parse(cls, value: str) -> str:
-        parse_weights(value)
+    def _parses(cls, value: str, info: ValidationInfo) -> str:
+        """Each per-project setting parses when the settings load."""
+        (parse_weights if info.field_name == "project_weights" else parse_tiers)(value)
         return value
 
     def weights(self) -> dict[str, float]:
         return parse_weights(self.project_weights)
 
-    @field_validator("project_tiers")
-    @classmethod
-    def _tiers_parse(cls, value: str) -> str:
-        parse_tiers(value)
-        return value
-
     def tiers(self) -> dict[str, int]:
         return parse_tiers(self.project_tiers)
 
 
-def parse_weights(text: str) -> dict[str, float]:
-    """``"a=2,b=0.5"`` -> ``{"a": 2.0, "b": 0.5}``; a weight must be positive."""
-    weights: dict[str, float] = {}
+def parse_project_values(text: str, parse: Callable[[str], T], what: str, form: str) -> dict[str, T]:
+    """``"a=2,b=-1"`` -> ``{"a": parse("2"), "b": parse("-1")}``, blank items skipped: the
+    operator's per-project ``what`` (weights, tiers). An item without a name or whose value
+    ``parse`` refuses (``ValueError``) is refused, saying to write ``project=<form>``."""
+    values: dict[str, T] = {}
     for item in text.split(","):
         if not item.strip():
             continue
         name, sep, raw = item.partition("=")
-        weight = float(raw) if sep else 0.0
-        if not name.strip() or weight <= 0:
-            raise ValueError(f"bad project weight {item!r}: write project=positive number")
-        weights[name.strip()] = weight
-    return weights
+        try:
+            value = parse(raw) if sep and name.strip() else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise ValueError(f"bad project {what} {item!r}: write project={form}")
+        values[name.strip()] = value
+    return values
+
+
+def _positive(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError(value)
+    return value
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"a=2,b=0.5"`` -> ``{"a": 2.0, "b": 0.5}``; a weight must be positive."""
+    return parse_project_values(text, _positive, "weight", "positive number")
 
 
 def parse_tiers(text: str) -> dict[str, int]:
     """``"ops=1,batch=-1"`` -> ``{"ops": 1, "batch": -1}``; a tier is an integer."""
-    tiers: dict[str, int] = {}
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        name, _, raw = item.partition("=")
-        try:
-            tier = int(raw)
-        except ValueError:
-            tier = None
-        if not name.strip() or tier is None:
-            raise ValueError(f"bad project tier {item!r}: write project=integer")
-        tiers[name.strip()] = tier
-    return tiers
+    return parse_project_values(text, int, "tier", "integer")

@@ -23,6 +23,11 @@ def shares(grants: list[Grant]) -> dict[str, int]:
     return {g.batch_id: g.lines for g in grants}
 
 
+def plan(policy: FairSharePolicy, queue: list[QueuedBatch], budget: int, now: float) -> list[Grant]:
+    """One round's plan, as the loop makes it."""
+    return policy.plan(policy.lineup(queue, now), budget)
+
+
 def run_rounds(
     policy: FairSharePolicy, queue: list[QueuedBatch], clock: FakeClock, rounds: int, budget: int
 ) -> Counter[str]:
@@ -42,7 +47,7 @@ def run_rounds(
             )
             for b in queue
         ]
-        for grant in policy.plan(current, budget, clock()):
+        for grant in plan(policy, current, budget, clock()):
             served[grant.batch_id] += grant.lines
         clock.advance(0.05)
     return served
@@ -52,10 +57,10 @@ def test_a_higher_priority_batch_takes_its_projects_share_with_a_fake_clock() ->
     clock = FakeClock()
     policy = FairSharePolicy()
     queue = [batch("low", order=1), batch("high", priority=5, order=2)]
-    assert shares(policy.plan(queue, 256, clock())) == {"high": 256}
+    assert shares(plan(policy, queue, 256, clock())) == {"high": 256}
     # Another project keeps its half: the priority orders only the first project's batches.
     other = batch("other", project="q", order=3)
-    assert shares(policy.plan([*queue, other], 256, clock())) == {"high": 128, "other": 128}
+    assert shares(plan(policy, [*queue, other], 256, clock())) == {"high": 128, "other": 128}
 
 
 def test_another_projects_priority_100_does_not_take_a_share_with_a_fake_clock() -> None:
@@ -73,10 +78,10 @@ def test_a_granted_tier_goes_before_the_others_and_a_lower_one_after_with_a_fake
     clock = FakeClock()
     policy = FairSharePolicy(tiers={"ops": 1, "bulk": -1})
     queue = [batch("bulk-1", "bulk", order=1), batch("p-1", "p", order=2), batch("ops-1", "ops", order=3)]
-    assert shares(policy.plan(queue, 256, clock())) == {"ops-1": 256}
+    assert shares(plan(policy, queue, 256, clock())) == {"ops-1": 256}
     queue[2] = batch("ops-1", "ops", remaining=100, order=3)
-    assert shares(policy.plan(queue, 256, clock())) == {"ops-1": 100, "p-1": 156}
-    assert shares(policy.plan(queue[:1], 256, clock())) == {"bulk-1": 256}
+    assert shares(plan(policy, queue, 256, clock())) == {"ops-1": 100, "p-1": 156}
+    assert shares(plan(policy, queue[:1], 256, clock())) == {"bulk-1": 256}
 
 
 def test_projects_of_one_tier_share_by_weight_with_a_fake_clock() -> None:
@@ -103,11 +108,11 @@ def test_a_batch_at_risk_goes_first_earliest_deadline_first_with_a_fake_clock() 
     calm = batch("calm", "a", expires_at=clock() + 100)  # the earliest deadline, but not at risk
     risky = batch("risky", "b", remaining=300, expires_at=clock() + 900, at_risk=True, order=1)
     riskier = batch("riskier", "c", remaining=100, expires_at=clock() + 600, at_risk=True, order=2)
-    grants = policy.plan([calm, risky, riskier], 512, clock())
+    grants = plan(policy, [calm, risky, riskier], 512, clock())
     assert [(g.batch_id, g.lines) for g in grants] == [("riskier", 100), ("risky", 300), ("calm", 112)]
     # Within its tier only: a granted tier still goes first.
     ops = batch("ops-1", "ops", remaining=200, order=3)
-    assert shares(policy.plan([calm, risky, ops], 256, clock())) == {"ops-1": 200, "risky": 56}
+    assert shares(plan(policy, [calm, risky, ops], 256, clock())) == {"ops-1": 200, "risky": 56}
 
 
 def test_lines_sent_at_risk_count_in_the_projects_share_with_a_fake_clock() -> None:
@@ -132,7 +137,7 @@ def test_many_new_small_batches_of_one_project_do_not_take_a_round_with_a_fake_c
         for i in range(30):
             name = f"s{round_no}-{i}"
             small[name] = batch(name, "a", remaining=32, started=False, order=100 * round_no + i)
-        grants = shares(policy.plan([big, *small.values()], 512, clock()))
+        grants = shares(plan(policy, [big, *small.values()], 512, clock()))
         assert grants["big"] >= 256 - 16, (round_no, grants["big"])
         assert sum(n for name, n in grants.items() if name != "big") <= 256 + 16
         for name, lines in grants.items():
@@ -155,8 +160,9 @@ def test_new_batches_every_round_do_not_outrun_the_share_when_the_backlog_is_ful
         name = f"n{round_no}"
         new[name] = batch(name, "a", remaining=100, started=False, order=round_no + 1)
         queue = [big, *new.values()]
-        budget = max(16, policy.head_start_lines(queue, clock()))  # as the loop: allowance 16
-        for grant in policy.plan(queue, budget, clock()):
+        lineup = policy.lineup(queue, clock())
+        budget = max(16, lineup.head_start_lines)  # as the loop: allowance 16
+        for grant in policy.plan(lineup, budget):
             project = "b" if grant.batch_id == "big" else "a"
             sent[project] += grant.lines
             if grant.batch_id != "big":
@@ -173,15 +179,15 @@ def test_a_projects_new_batches_share_its_head_start_with_a_fake_clock() -> None
     policy = FairSharePolicy(start_lines=32)
     news = [batch(f"n{i}", "p", remaining=100, started=False, order=i) for i in range(3)]
     other = batch("o", "q", remaining=10, started=False, order=5)
-    assert policy.head_start_lines([*news, other], clock()) == 42
-    grants = shares(policy.plan([*news, other], 64, clock()))
+    assert policy.lineup([*news, other], clock()).head_start_lines == 42
+    grants = shares(plan(policy, [*news, other], 64, clock()))
     # Head starts: "p"'s three share 32 (11, 11, 10), "q"'s one takes its 10; then the share
     # (only "p" has lines left) goes on round robin from "p"'s last batch.
     assert grants == {"n0": 11 + 16, "n1": 11 + 6, "n2": 10, "o": 10}
     # "p" is now 44 lines ahead of "q", more than one head start: its new batches get none.
-    assert policy.head_start_lines([*news, other], clock()) == 10
+    assert policy.lineup([*news, other], clock()).head_start_lines == 10
     clock.advance(DAY)  # expired batches start no more
-    assert policy.head_start_lines([*news, other], clock()) == 0
+    assert policy.lineup([*news, other], clock()).head_start_lines == 0
 
 
 def test_a_project_joining_behind_a_backlog_gets_its_share_of_it_at_once_with_a_fake_clock() -> None:
@@ -192,24 +198,24 @@ def test_a_project_joining_behind_a_backlog_gets_its_share_of_it_at_once_with_a_
         clock = FakeClock()
         policy = FairSharePolicy(weights=weights, quantum=16, start_lines=32)
         big = batch("big", "b", remaining=1_000_000)
-        assert shares(policy.plan([big], 64, clock(), backlog=600)) == {"big": 64}
+        assert shares(plan(policy, [big], 64, clock())) == {"big": 64}
         first = batch("a1", "a", remaining=1_000, started=False, order=1)
-        assert policy.head_start_lines([big, first], clock(), backlog=600) == expected
-        grants = shares(policy.plan([big, first], expected, clock(), backlog=600))
-        assert grants == {"a1": expected}
+        lineup = policy.lineup([big, first], clock(), backlog=600)
+        assert lineup.head_start_lines == expected
+        assert shares(policy.plan(lineup, expected)) == {"a1": expected}
         # "a" is reached now: a second new batch of its own gets at most ``start_lines``.
         second = batch("a2", "a", remaining=1_000, started=False, order=2)
         started = batch("a1", "a", remaining=1_000 - expected, order=1)
-        assert policy.head_start_lines([big, started, second], clock(), backlog=600) <= 32
+        assert policy.lineup([big, started, second], clock(), backlog=600).head_start_lines <= 32
         # The head start was charged: "b" is served until "a" is level again.
-        assert shares(policy.plan([big, started], 64, clock(), backlog=600)) == {"big": 64}
+        assert shares(policy.plan(policy.lineup([big, started], clock(), backlog=600), 64)) == {"big": 64}
 
 
 def test_a_project_joining_an_idle_model_gets_start_lines_with_a_fake_clock() -> None:
     clock = FakeClock()
     policy = FairSharePolicy(start_lines=32)
     first = batch("a1", "a", remaining=1_000, started=False)
-    assert policy.head_start_lines([first], clock(), backlog=0) == 32
+    assert policy.lineup([first], clock(), backlog=0).head_start_lines == 32
 
 
 def test_at_risk_reads_the_remaining_lines_at_the_rate_it_can_count_on() -> None:
@@ -245,7 +251,7 @@ def test_an_expired_batch_gets_nothing_with_a_fake_clock() -> None:
     policy = FairSharePolicy()
     queue = [batch("ending", expires_at=clock() + 1), batch("other", order=1)]
     clock.advance(2)
-    assert shares(policy.plan(queue, 64, clock())) == {"other": 64}
+    assert shares(plan(policy, queue, 64, clock())) == {"other": 64}
 
 
 def test_projects_share_by_weight_whatever_their_batch_counts_with_a_fake_clock() -> None:
@@ -277,8 +283,8 @@ def test_batches_of_one_project_take_turns_with_a_fake_clock() -> None:
     clock = FakeClock()
     policy = FairSharePolicy(quantum=10)
     queue = [batch(f"b{i}", order=i) for i in range(3)]
-    order = [g.batch_id for g in policy.plan(queue, 30, clock())]
-    order += [g.batch_id for g in policy.plan(queue, 30, clock())]
+    order = [g.batch_id for g in plan(policy, queue, 30, clock())]
+    order += [g.batch_id for g in plan(policy, queue, 30, clock())]
     assert order == ["b0", "b1", "b2", "b0", "b1", "b2"]
 
 
@@ -288,7 +294,7 @@ def test_a_small_batch_starts_within_one_round_behind_a_big_one_with_a_fake_cloc
     big = batch("big", project="p", remaining=50_000, priority=9, order=0)  # even a higher priority
     run_rounds(policy, [big], clock, rounds=3, budget=512)
     small = batch("small", project="p", remaining=10, started=False, order=1)
-    grants = shares(policy.plan([big, small], 512, clock()))
+    grants = shares(plan(policy, [big, small], 512, clock()))
     assert grants["small"] == 10  # all of it, in the first round it is queued
     assert grants["big"] == 502
 
@@ -296,9 +302,9 @@ def test_a_small_batch_starts_within_one_round_behind_a_big_one_with_a_fake_cloc
 def test_the_budget_and_the_remaining_lines_bound_the_grants_with_a_fake_clock() -> None:
     clock = FakeClock()
     policy = FairSharePolicy()
-    grants = policy.plan([batch("a", remaining=5), batch("b", "q", remaining=1000)], 100, clock())
+    grants = plan(policy, [batch("a", remaining=5), batch("b", "q", remaining=1000)], 100, clock())
     assert shares(grants) == {"a": 5, "b": 95}
-    assert policy.plan([batch("a", remaining=5)], 0, clock()) == []
+    assert plan(policy, [batch("a", remaining=5)], 0, clock()) == []
 
 
 def test_a_new_projects_first_batch_gets_its_start_lines_but_no_catch_up_with_a_fake_clock() -> None:
@@ -306,7 +312,7 @@ def test_a_new_projects_first_batch_gets_its_start_lines_but_no_catch_up_with_a_
     policy = FairSharePolicy(quantum=16, start_lines=32)
     run_rounds(policy, [batch("a1", "a")], clock, rounds=3, budget=512)  # "a" alone: 1,536 lines
     joining = batch("b1", "b", started=False, order=1)
-    grants = shares(policy.plan([batch("a1", "a"), joining], 512, clock()))
+    grants = shares(plan(policy, [batch("a1", "a"), joining], 512, clock()))
     assert abs(grants["a1"] - grants["b1"]) <= 32  # its start lines ahead, then turns
 
 
@@ -328,7 +334,7 @@ def test_a_project_does_not_catch_up_on_a_higher_tier_with_a_fake_clock() -> Non
         policy = FairSharePolicy(tiers={"ops": 1}, quantum=16, start_lines=32)
         run_rounds(policy, [batch("p-normal", "p", order=1)], clock, rounds=4, budget=512)
         normal = [batch("p-normal", "p", order=1), batch("q-normal", "q", order=2, started=started)]
-        first = shares(policy.plan([batch("ops-1", "ops", 2048), *normal], 512, clock()))
+        first = shares(plan(policy, [batch("ops-1", "ops", 2048), *normal], 512, clock()))
         assert first.get("q-normal", 0) == (0 if started else 32)  # its head start, or nothing
         urgent = batch("ops-1", "ops", remaining=2048 - first["ops-1"])
         run_rounds(policy, [urgent, *normal], clock, rounds=4, budget=512)  # the rest of it, and more

@@ -27,3 +27,10 @@ def test_project_tiers_parse_like_the_weights_and_refuse_what_is_not_an_integer(
     for bad in ("ops", "ops=high", "ops=1.5", "=2"):
         with pytest.raises(ValidationError, match="project_tiers"):
             DispatchSettings(project_tiers=bad)
+
+
+def test_project_weights_parse_and_refuse_what_is_not_a_positive_number() -> None:
+    assert DispatchSettings(project_weights="a=2, b=0.5,").weights() == {"a": 2.0, "b": 0.5}
+    for bad in ("a", "a=0", "a=-1", "a=x", "=2"):
+        with pytest.raises(ValidationError, match="bad project weight"):
+            DispatchSettings(project_weights=bad)
