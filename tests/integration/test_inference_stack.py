@@ -237,7 +237,8 @@ async def _results_on_topic(stack: Stack, batch_ids: set[str]) -> list[tuple[int
 def test_two_batches_share_one_engine(
     client: OpenAI, stack: Stack, worker: str, model_id: str, mongo_db: Any
 ) -> None:
-    # Both batches wait on the requests topic while the worker is down, so neither can finish before
+    # Both batches wait on the requests topic while the worker is frozen (SIGSTOP: no restart, and
+    # a freeze shorter than its session timeout keeps its partitions), so neither can finish before
     # the other is emitted however fast the engine is. Lines of different lengths finish one after
     # another, so each batch's results spread over its run; sharing the engine, they interleave.
     size = 16
@@ -250,8 +251,10 @@ def test_two_batches_share_one_engine(
         ]
         for tag in "ab"
     ]
-    with worker_restored(stack, worker):
-        stack.stop([worker])
+    pid = stack.pid(worker)
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)
+    try:
         first = run_batch(client, CHAT, lines[0])
         second = run_batch(client, CHAT, lines[1])
         wait_until(
@@ -263,7 +266,8 @@ def test_two_batches_share_one_engine(
             "both batches on the requests topic",
             interval_s=0.2,
         )
-        stack.start([worker])
+    finally:
+        os.killpg(pid, signal.SIGCONT)
     for batch in (first, second):
         done = wait_terminal(client, batch.id)
         assert done.status == "completed" and done.request_counts
