@@ -405,15 +405,19 @@ def test_a_cancelled_batch_never_runs_its_unstarted_lines(
 
 def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Batch, list[str]]:
     ids = [f"{tag}{i}" for i in range(size)]
-    body = chat_body(model_id, "tell me more", max_tokens=128, ignore_eos=True)
+    body = chat_body(model_id, "tell me more", max_tokens=LINE_TOKENS, ignore_eos=True)
     return run_batch(client, CHAT, [request_line(i, CHAT, body) for i in ids]), ids
 
 
-# The engine runs at most max_num_seqs = 64 lines at once and as many wait inside it; the rest
-# wait in the worker, or on the topic. The signal goes out as soon as the worker's own /metrics
-# shows work (not the batch's counts, which trail by a second: the tiny model can finish hundreds
-# of lines in that time), so most of a 400-line batch has no result yet.
-SIZE = 400
+# The engine runs at most max_num_seqs lines at once and as many wait inside it (engine_queue_lines
+# -1); the rest wait in the worker, or on the topic. A batch of three such waves always has lines
+# off the engine when the signal goes out, however fast the engine: a drain answers at most the two
+# waves on the engine, and a kill as soon as the worker's own /metrics shows a finished line (not
+# the batch's counts, which trail by a second) lands long before the last wave could end. Short lines
+# keep each wave, the drain and the rerun after the restart to seconds.
+MAX_NUM_SEQS = InferenceSettings.model_fields["max_num_seqs"].default
+SIZE = 3 * MAX_NUM_SEQS
+LINE_TOKENS = 32
 
 
 def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(
@@ -458,6 +462,7 @@ def test_a_sigterm_drains_in_flight_work_and_exits_zero(
         drained = len(asyncio.run(_results_on_topic(stack, {batch.id})))
         print(f"{drained} of {len(ids)} lines had a result when the drained worker exited")
         assert drained < len(ids), "the batch finished before the stop"
+        assert drained > 0, "the drain answered none of the lines on the engine"
         started = time.monotonic()
         stack.start([worker])
         restart_s = time.monotonic() - started
