@@ -293,7 +293,10 @@ def test_a_new_batch_on_a_full_engine_takes_places_at_once(
     its lines on the engine, waiting or running, are aborted and run again. The new batch ends
     while the big one runs, and the big one still has every line once."""
     big_ids = [f"big{i}" for i in range(64 + 16)]
-    body = chat_body(model_id, "count", max_tokens=500, ignore_eos=True)
+    # Long enough that the big batch's first wave still runs when the small batch's lines arrive
+    # (their way through the api takes about a second, a wave of 64 such lines several), and the
+    # lines that made way, run again from their start once the small batch's are done, outlast it.
+    body = chat_body(model_id, "count", max_tokens=200, ignore_eos=True)
     started = engine_started(stack)
     preempted = metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total")
     big = run_batch(client, CHAT, [request_line(i, CHAT, body) for i in big_ids])
