@@ -237,7 +237,8 @@ async def _results_on_topic(stack: Stack, batch_ids: set[str]) -> list[tuple[int
 def test_two_batches_share_one_engine(
     client: OpenAI, stack: Stack, worker: str, model_id: str, mongo_db: Any
 ) -> None:
-    # Both batches wait on the requests topic while the worker is down, so neither can finish before
+    # Both batches wait on the requests topic while the worker is frozen (SIGSTOP: no restart, and
+    # a freeze shorter than its session timeout keeps its partitions), so neither can finish before
     # the other is emitted however fast the engine is. Lines of different lengths finish one after
     # another, so each batch's results spread over its run; sharing the engine, they interleave.
     size = 16
@@ -250,8 +251,10 @@ def test_two_batches_share_one_engine(
         ]
         for tag in "ab"
     ]
-    with worker_restored(stack, worker):
-        stack.stop([worker])
+    pid = stack.pid(worker)
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)
+    try:
         first = run_batch(client, CHAT, lines[0])
         second = run_batch(client, CHAT, lines[1])
         wait_until(
@@ -263,7 +266,8 @@ def test_two_batches_share_one_engine(
             "both batches on the requests topic",
             interval_s=0.2,
         )
-        stack.start([worker])
+    finally:
+        os.killpg(pid, signal.SIGCONT)
     for batch in (first, second):
         done = wait_terminal(client, batch.id)
         assert done.status == "completed" and done.request_counts
@@ -289,7 +293,10 @@ def test_a_new_batch_on_a_full_engine_takes_places_at_once(
     its lines on the engine, waiting or running, are aborted and run again. The new batch ends
     while the big one runs, and the big one still has every line once."""
     big_ids = [f"big{i}" for i in range(64 + 16)]
-    body = chat_body(model_id, "count", max_tokens=500, ignore_eos=True)
+    # Long enough that the big batch's first wave still runs when the small batch's lines arrive
+    # (their way through the api takes about a second, a wave of 64 such lines several), and the
+    # lines that made way, run again from their start once the small batch's are done, outlast it.
+    body = chat_body(model_id, "count", max_tokens=200, ignore_eos=True)
     started = engine_started(stack)
     preempted = metric_value(metrics_url(stack, 0), "batchstream_inference_preempted_total")
     big = run_batch(client, CHAT, [request_line(i, CHAT, body) for i in big_ids])
@@ -401,15 +408,19 @@ def test_a_cancelled_batch_never_runs_its_unstarted_lines(
 
 def _long_batch(client: OpenAI, model_id: str, size: int, tag: str) -> tuple[Batch, list[str]]:
     ids = [f"{tag}{i}" for i in range(size)]
-    body = chat_body(model_id, "tell me more", max_tokens=128, ignore_eos=True)
+    body = chat_body(model_id, "tell me more", max_tokens=LINE_TOKENS, ignore_eos=True)
     return run_batch(client, CHAT, [request_line(i, CHAT, body) for i in ids]), ids
 
 
-# The engine runs at most max_num_seqs = 64 lines at once and as many wait inside it; the rest
-# wait in the worker, or on the topic. The signal goes out as soon as the worker's own /metrics
-# shows work (not the batch's counts, which trail by a second: the tiny model can finish hundreds
-# of lines in that time), so most of a 400-line batch has no result yet.
-SIZE = 400
+# The engine runs at most max_num_seqs lines at once and as many wait inside it (engine_queue_lines
+# -1); the rest wait in the worker, or on the topic. A batch of three such waves always has lines
+# off the engine when the signal goes out, however fast the engine: a drain answers at most the two
+# waves on the engine, and a kill as soon as the worker's own /metrics shows a finished line (not
+# the batch's counts, which trail by a second) lands long before the last wave could end. Short lines
+# keep each wave, the drain and the rerun after the restart to seconds.
+MAX_NUM_SEQS = InferenceSettings.model_fields["max_num_seqs"].default
+SIZE = 3 * MAX_NUM_SEQS
+LINE_TOKENS = 32
 
 
 def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(
@@ -454,6 +465,7 @@ def test_a_sigterm_drains_in_flight_work_and_exits_zero(
         drained = len(asyncio.run(_results_on_topic(stack, {batch.id})))
         print(f"{drained} of {len(ids)} lines had a result when the drained worker exited")
         assert drained < len(ids), "the batch finished before the stop"
+        assert drained > 0, "the drain answered none of the lines on the engine"
         started = time.monotonic()
         stack.start([worker])
         restart_s = time.monotonic() - started
