@@ -155,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tai.add_argument("--tail-short-tokens", type=int, default=32, help="output tokens of a short line")
     tai.add_argument("--tail-long-tokens", type=int, default=1_024, help="output tokens of a long line")
     tai.add_argument(
+        "--tail-long-lines", type=int, default=0, help="long lines of the generated file (0: a tenth)"
+    )
+    tai.add_argument(
         "--tail-beside-lines",
         type=int,
         default=0,
