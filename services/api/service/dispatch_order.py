@@ -323,7 +323,7 @@ class PartOrders:
             self._tags[base] = {}
         tags = self._tags[base]
         tag = 0 if base is None else tags.setdefault(model, len(tags))
-        builder.add(line, text, tag)
+        builder.add(line, text, tag, length)
 
     def close(self) -> None:
         for builder in self.parts.values():
