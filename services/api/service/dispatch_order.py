@@ -12,7 +12,7 @@ content). The order sends groups by their first line in the file and a group's l
 order; a line that shares no such prefix keeps its place in the file, so a file without shared
 prefixes is sent in file order.
 
-**Longest first.** On a GPU a decode step costs about as much for one sequence as for hundreds,
+**Longest first.** On a GPU a decode step costs about as much for one sequence as for dozens,
 so a long line that starts last runs nearly alone and the batch waits for it (the tail). With
 ``longest_first`` the order sends the groups by their longest line, longest first, and a group's
 lines longest first (lines that share more than the group's prefix stay together); a line's
