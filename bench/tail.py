@@ -2,8 +2,9 @@
 batchstream (``python -m bench --only tail [--engine sim|vllm] [--input FILE]``).
 
 The file (without ``--input``): ``--tail-lines`` chat lines, most short (``--tail-short-tokens``),
-a tenth long (``--tail-long-tokens``), half of the long ones spread evenly through the file and
-half in its last twentieth; each line's length is held by ``min_tokens`` = ``max_tokens``. With
+``--tail-long-lines`` long (``--tail-long-tokens``; 0: a tenth), half of the long ones spread
+evenly through the file and half in its last twentieth; each line's length is held by
+``min_tokens`` = ``max_tokens``. With
 ``--input``, any chat-completions JSONL file as given (``body.model`` replaced).
 
 Three sides on one engine:
@@ -15,12 +16,15 @@ Three sides on one engine:
 - **batchstream**: the file as a batch on a stack whose worker runs the same engine (the sim
   engine at ``--sim-speedup``: its wall seconds times the speed-up are simulated seconds).
 
-Figures per side: the time from the first line queued (the batch's create call) to the last line
-done, and the tail (from 90% of the lines done to the last). Lines done per side: the simulated
-finish times; run-batch's lines' ``created`` second; batchstream's live ``request_counts``, polled.
-For batchstream also the ETA's error when 25%, 50% and 75% of the lines were done: the batch's
-estimated completion time (its ``completion_rate`` as the api derives ``estimated_completion_at``,
-unrounded) minus the actual end, over the time then left. With ``--tail-beside-lines N``, another
+Every time of a side is in its engine's seconds (simulated on ``sim``, wall on ``vllm``). Figures
+per side: the time from the first line queued (the engine ready; for batchstream, its create
+call) to the last line done, and the tail (from 90% of the lines done to the last). Lines done per
+side: the simulated finish times; run-batch's progress bar (refreshed every 5 s at most: its
+responses' ``created`` is a line's start, in whole seconds); batchstream's live
+``request_counts``, polled. For batchstream also the ETA's error when 25%, 50% and 75% of the
+lines were done: the batch's ``estimated_completion_at`` as the api answers it then, minus the
+actual end, over the time then left (the api's whole seconds count ``--sim-speedup`` times over
+on ``sim``). With ``--tail-beside-lines N``, another
 batch of N short lines is created just before batchstream's, so the two share the engine (the
 ETA beside a second batch; it is cancelled if it outlasts the measured one). Printed last:
 ``tail: X.XXx file order`` (file order's time over batchstream's) and ``sorted by hand: Y.YYx file
