@@ -155,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tai.add_argument("--tail-short-tokens", type=int, default=32, help="output tokens of a short line")
     tai.add_argument("--tail-long-tokens", type=int, default=1_024, help="output tokens of a long line")
     tai.add_argument(
+        "--tail-long-lines", type=int, default=0, help="long lines of the generated file (0: a tenth)"
+    )
+    tai.add_argument(
         "--tail-beside-lines",
         type=int,
         default=0,
@@ -162,7 +165,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     sim = parser.add_argument_group("the simulated GPU (--engine sim, --tenants-engine sim)")
     sim.add_argument(
-        "--sim-speedup", type=float, default=10.0, help="simulated seconds per wall second on the stack"
+        "--sim-speedup",
+        type=float,
+        default=None,
+        help="simulated seconds per wall second on the stack (default 1 for tail, else 10: the "
+        "stack's own timers, the counts' flushes and the ETA's whole seconds, count this many times over)",
     )
     sim.add_argument(
         "--sim-max-num-seqs", type=int, default=256, help="sequences it batches (vLLM's default)"
@@ -211,6 +218,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.env = dict(args.env)
+    if args.sim_speedup is None:
+        args.sim_speedup = 1.0 if args.only == "tail" else 10.0
     return args
 
 

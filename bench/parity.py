@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,16 @@ def summarize_output(lines: list[dict[str, Any]]) -> tuple[int, int, dict[str, s
 
 
 def run_batch_once(
-    python: str, model_dir: str, input_path: Path, work: Path, args: Any, stack_pids: dict[str, int]
+    python: str,
+    model_dir: str,
+    input_path: Path,
+    work: Path,
+    args: Any,
+    stack_pids: dict[str, int],
+    on_output: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
+    """``vllm run-batch`` on the file; ``on_output`` sees each line it prints as it prints it
+    (a progress bar's every refresh is a line)."""
     output = work / f"run-batch-{time.time_ns()}.jsonl"
     argv = [
         python,
@@ -127,6 +136,8 @@ def run_batch_once(
             if found and not kv_cache:
                 kv_cache.append(found.group(1))
             tail.append(line.rstrip())
+            if on_output is not None:
+                on_output(line)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()

@@ -2,8 +2,9 @@
 batchstream (``python -m bench --only tail [--engine sim|vllm] [--input FILE]``).
 
 The file (without ``--input``): ``--tail-lines`` chat lines, most short (``--tail-short-tokens``),
-a tenth long (``--tail-long-tokens``), half of the long ones spread evenly through the file and
-half in its last twentieth; each line's length is held by ``min_tokens`` = ``max_tokens``. With
+``--tail-long-lines`` long (``--tail-long-tokens``; 0: a tenth), half of the long ones spread
+evenly through the file and half in its last twentieth; each line's length is held by
+``min_tokens`` = ``max_tokens``. With
 ``--input``, any chat-completions JSONL file as given (``body.model`` replaced).
 
 Three sides on one engine:
@@ -15,12 +16,15 @@ Three sides on one engine:
 - **batchstream**: the file as a batch on a stack whose worker runs the same engine (the sim
   engine at ``--sim-speedup``: its wall seconds times the speed-up are simulated seconds).
 
-Figures per side: the time from the first line queued (the batch's create call) to the last line
-done, and the tail (from 90% of the lines done to the last). Lines done per side: the simulated
-finish times; run-batch's lines' ``created`` second; batchstream's live ``request_counts``, polled.
-For batchstream also the ETA's error when 25%, 50% and 75% of the lines were done: the batch's
-estimated completion time (its ``completion_rate`` as the api derives ``estimated_completion_at``,
-unrounded) minus the actual end, over the time then left. With ``--tail-beside-lines N``, another
+Every time of a side is in its engine's seconds (simulated on ``sim``, wall on ``vllm``). Figures
+per side: the time from the first line queued (the engine ready; for batchstream, its create
+call) to the last line done, and the tail (from 90% of the lines done to the last). Lines done per
+side: the simulated finish times; run-batch's progress bar (refreshed every 5 s at most: its
+responses' ``created`` is a line's start, in whole seconds); batchstream's live
+``request_counts``, polled. For batchstream also the ETA's error when 25%, 50% and 75% of the
+lines were done: the batch's ``estimated_completion_at`` as the api answers it then, minus the
+actual end, over the time then left (the api's whole seconds count ``--sim-speedup`` times over
+on ``sim``). With ``--tail-beside-lines N``, another
 batch of N short lines is created just before batchstream's, so the two share the engine (the
 ETA beside a second batch; it is cancelled if it outlasts the measured one). Printed last:
 ``tail: X.XXx file order`` (file order's time over batchstream's) and ``sorted by hand: Y.YYx file
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import tempfile
 import threading
 import time
@@ -40,7 +45,7 @@ from typing import Any
 from openai import OpenAI
 
 from bench.common import create_batch, new_stack, start_stack, table
-from bench.parity import run_batch_once
+from bench.parity import READY_MARKER, run_batch_once
 from bench.simulated import SIM_PROFILE, run_file, sim_env
 from deploy.local import ModelSpec, Stack
 
@@ -48,10 +53,11 @@ SERVED_NAME = "tail-model"
 QUARTERS = (0.25, 0.5, 0.75)
 
 
-def tail_lines(lines: int, short: int, long: int, seed: int = 7) -> list[str]:
-    """Most lines short, a tenth long: half of the long ones spread through, half at the end."""
+def tail_lines(lines: int, short: int, long: int, seed: int = 7, longs: int = 0) -> list[str]:
+    """Most lines short, ``longs`` long (0: a tenth): half of the long ones spread through, half
+    at the end."""
     rng = random.Random(seed)
-    longs = max(1, lines // 10)
+    longs = longs or max(1, lines // 10)
     spread = longs // 2
     at_end = longs - spread
     places = {round((i + 0.5) * (lines - lines // 20) / max(1, spread)) for i in range(spread)}
@@ -109,36 +115,61 @@ def sim_side(lines: list[str], args: Any) -> dict[str, float]:
     return figures(run_file(lines, args.sim_max_num_seqs, args.sim_max_model_len))
 
 
+PROGRESS = re.compile(r"Running batch:.*\|\s*(\d+)/(\d+)")
+"""run-batch's progress bar (tqdm, refreshed at most every 5 s): lines done of the file."""
+
+
+def done_times(samples: list[tuple[float, int]], start: float) -> list[float]:
+    """Each line's finish time (seconds from ``start``) from samples of (when, lines done so far):
+    the lines that a sample adds are taken as done when it was seen."""
+    out: list[float] = []
+    before = 0
+    for at, done in samples:
+        out += [at - start] * max(0, done - before)
+        before = max(before, done)
+    return out
+
+
 def vllm_side(lines: list[str], args: Any, work: Path) -> dict[str, float]:
+    """The file through ``vllm run-batch``, in wall seconds from its engine being ready (the lines
+    queued) to each line done, as its progress bar counts them (its responses' ``created`` is a
+    line's start, in whole seconds, not its end)."""
     path = work / f"in-{time.time_ns()}.jsonl"
     path.write_text("\n".join(lines) + "\n")
     args.served_name = SERVED_NAME
-    started = time.time()
-    result = run_batch_once(args.inference_python, args.model_dir, path, work, args, {})
-    output = max(work.glob("run-batch-*.jsonl"), key=lambda p: p.stat().st_mtime)
-    created = [
-        float(((json.loads(x).get("response") or {}).get("body") or {}).get("created") or 0)
-        for x in output.read_text().splitlines()
-        if x.strip()
-    ]
-    start = started + result["startup_s"]  # the engine ready: the lines queued
-    return figures([c - start for c in created])
+    ready: list[float] = []
+    samples: list[tuple[float, int]] = []
+
+    def seen(line: str) -> None:
+        now = time.time()
+        if READY_MARKER in line and not ready:
+            ready.append(now)
+        if found := PROGRESS.search(line):
+            samples.append((now, int(found.group(1))))
+
+    run_batch_once(args.inference_python, args.model_dir, path, work, args, {}, on_output=seen)
+    return figures(done_times(samples, ready[0]))
 
 
 class CountsWatch:
-    """Polls the batch document (what the api answers) every ``interval_s`` in a thread: when
-    each share of lines was done, and the estimated end the batch showed then."""
+    """Polls the batch document every ``interval_s`` in a thread for its live counts; when a
+    share of the lines is done, reads the batch from the api as a client would and keeps its
+    ``estimated_completion_at`` (wall seconds, as the api answers it)."""
 
-    def __init__(self, stack: Stack, batch_id: str, total: int, interval_s: float = 0.1) -> None:
+    def __init__(
+        self, stack: Stack, client: OpenAI, batch_id: str, total: int, interval_s: float = 0.1
+    ) -> None:
         from pymongo import MongoClient
 
         env = stack.env()
         self._client: MongoClient[dict[str, Any]] = MongoClient(env["BATCHSTREAM_MONGO_URI"])
         self._batches = self._client[env["BATCHSTREAM_MONGO_DATABASE"]]["batches"]
+        self._api = client
         self.batch_id, self.total, self.interval_s = batch_id, total, interval_s
         self.counts: list[tuple[float, int]] = []
         self.estimates: dict[float, tuple[float, float | None]] = {}  # share -> (seen at, estimated end)
         self.ended: float | None = None
+        self.running: float | None = None  # when it was first seen in progress (validated)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -150,11 +181,12 @@ class CountsWatch:
             done = int(counts.get("completed", 0)) + int(counts.get("failed", 0))
             if not self.counts or self.counts[-1][1] != done:
                 self.counts.append((now, done))
-            rate = doc.get("completion_rate")
             for share in QUARTERS:
                 if share not in self.estimates and done >= share * self.total:
-                    end = rate[0] + (self.total - done) / rate[1] if rate and rate[1] > 0 else None
-                    self.estimates[share] = (now, end)
+                    batch = self._api.batches.retrieve(self.batch_id)
+                    self.estimates[share] = (now, (batch.model_extra or {}).get("estimated_completion_at"))
+            if self.running is None and doc.get("status") == "in_progress":
+                self.running = now
             if doc.get("status") in ("completed", "failed", "expired", "cancelled"):
                 self.ended = now
                 break
@@ -169,16 +201,24 @@ def upload(client: OpenAI, lines: list[str], name: str) -> str:
     return client.files.create(file=(name, ("\n".join(lines) + "\n").encode()), purpose="batch").id
 
 
+def eta_error(estimated_s: float | None, end_s: float, seen_s: float) -> float | None:
+    """The ETA's error: the estimated end minus the actual end, over the time left when the
+    estimate was read (all three in one time base)."""
+    left = end_s - seen_s
+    return None if estimated_s is None or left <= 0 else (estimated_s - end_s) / left
+
+
 def batchstream_side(
     client: OpenAI, stack: Stack, lines: list[str], scale: float, beside: list[str] | None = None
 ) -> dict[str, Any]:
-    """The batch's figures, in the engine's seconds (``scale``: simulated seconds per wall second);
-    with ``beside``, another batch of those lines created just before it shares the engine (and
-    is cancelled once the measured batch ends)."""
+    """The batch's figures in the engine's seconds from its create call: wall seconds times
+    ``scale`` (simulated seconds per wall second; 1 on a real engine), the line counts' and the
+    ETA's wall times alike; with ``beside``, another batch of those lines created just before it
+    shares the engine (and is cancelled once the measured batch ends)."""
     other = create_batch(client, upload(client, beside, "beside.jsonl"))[0] if beside else None
     file_id = upload(client, lines, "tail.jsonl")
     batch_id, created_at = create_batch(client, file_id)
-    watch = CountsWatch(stack, batch_id, len(lines))
+    watch = CountsWatch(stack, client, batch_id, len(lines))
     watch.join(timeout_s=7200)
     if other is not None and client.batches.retrieve(other).status in ("validating", "in_progress"):
         client.batches.cancel(other)
@@ -188,11 +228,14 @@ def batchstream_side(
     for (at, done), (_, before) in zip(watch.counts[1:], watch.counts, strict=False):
         done_at += [(at - created_at) * scale] * (done - before)
     found = figures(done_at)
-    end = created_at + found["end_s"] / scale
+    if watch.running is not None:
+        found["validated_s"] = (watch.running - created_at) * scale
     errors = {}
     for share, (seen, estimate) in sorted(watch.estimates.items()):
-        left = end - seen
-        errors[f"eta_error_{round(share * 100)}"] = (estimate - end) / left if estimate and left > 0 else None
+        estimated_s = None if estimate is None else (estimate - created_at) * scale
+        errors[f"eta_error_{round(share * 100)}"] = eta_error(
+            estimated_s, found["end_s"], (seen - created_at) * scale
+        )
     return found | errors
 
 
@@ -222,7 +265,9 @@ def run(args: Any) -> dict[str, Any]:
     lines = (
         given_lines(args.input)
         if args.input
-        else tail_lines(args.tail_lines, args.tail_short_tokens, args.tail_long_tokens)
+        else tail_lines(
+            args.tail_lines, args.tail_short_tokens, args.tail_long_tokens, longs=args.tail_long_lines
+        )
     )
     sorted_lines = longest_first(lines)
     work = Path(tempfile.mkdtemp(prefix="batchstream-tail-"))
@@ -272,6 +317,8 @@ def run(args: Any) -> dict[str, Any]:
     )
     ratio = file_order["end_s"] / ours["end_s"]
     by_hand_ratio = file_order["end_s"] / by_hand["end_s"]
+    if "validated_s" in ours:
+        print(f"batchstream's batch in progress {ours['validated_s']:.2f} {unit} after its create call")
     print(f"tail: {ratio:.2f}x file order")
     print(f"sorted by hand: {by_hand_ratio:.2f}x file order")
     return {

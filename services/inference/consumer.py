@@ -25,7 +25,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -59,6 +60,24 @@ MAX_POLL_INTERVAL_MS = 300_000
 # worker would fetch and decode them again after the resume. Whoever builds a consumer with a
 # shorter deadline must pass a keep-alive to match (``keepalive_poll_s``).
 KEEPALIVE_POLL_S = MAX_POLL_INTERVAL_MS / 1000 / 10
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+def interleaved(batch: Mapping[P, list[R]]) -> Iterator[tuple[P, R]]:
+    """A poll's records one partition after another in turn (each partition's in its order).
+
+    The dispatcher spreads a batch's lines over the partitions in its dispatch order (longest
+    first), and a poll returns each partition's records together: taken partition by partition,
+    the first lines of the second partition would go onto the engine after every line of the
+    first, and wait inside it behind them: a batch's long lines, sent first, would start behind
+    the short lines of the same poll and end last."""
+    rows = [(partition, records) for partition, records in batch.items() if records]
+    for at in range(max((len(records) for _, records in rows), default=0)):
+        for partition, records in rows:
+            if at < len(records):
+                yield partition, records[at]
 
 
 class FatalConsumerError(RuntimeError):
@@ -215,9 +234,8 @@ class RequestConsumer:
         self._last_poll = time.monotonic()
         timeout_ms = POLL_TIMEOUT_MS if room > 0 else 0
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max(1, room))
-        for partition, records in batch.items():
-            for record in records:
-                self._start(partition, record)
+        for partition, record in interleaved(batch):
+            self._start(partition, record)
 
     def _room_left(self) -> int:
         """Requests the worker may take now: places free on the engine, within the bound on

@@ -1,5 +1,5 @@
 """The simulated GPU behind ``SimEngine`` (``sim_engine.py``): vLLM's continuous batching, KV
-cache and prefix reuse, with step times from a cost model fitted to a published curve.
+cache and prefix reuse, with step times from a cost model fitted to a published decode-only curve.
 
 Pure simulation in simulated seconds, no wall clock and no I/O: ``SimGpu`` advances from event to
 event (a sequence finishing, the cache filling, a request arriving), so it costs little CPU
@@ -27,42 +27,52 @@ _EPSILON = 1e-9
 class GpuProfile:
     """A GPU and model as the cost model sees them.
 
-    A decode step reads every weight once whatever the batch (a floor, ``step_floor_s``), and
-    costs ``per_sequence_s`` per sequence once the batch is large enough for that to dominate
-    (attention over each sequence's KV cache and the batch's activations): ``max(floor,
-    per_sequence * B)``, the roofline's two regimes. A prefill adds ``per_prefill_token_s`` per
-    prompt token computed (compute-bound)."""
+    A decode step reads every weight once whatever the batch (``step_base_s``) and each running
+    sequence's KV cache (``per_sequence_s`` per sequence): ``base + per_sequence * B``, nearly
+    flat up to tens of sequences on a GPU, since the weights dominate. A prefill adds
+    ``per_prefill_token_s`` per prompt token computed (compute-bound), in the same step."""
 
     name: str
-    step_floor_s: float
+    step_base_s: float
     per_sequence_s: float
     per_prefill_token_s: float
     kv_cache_tokens: int
 
     def step_s(self, decoding: int, prefill_tokens: int = 0) -> float:
-        decode = max(self.step_floor_s, self.per_sequence_s * decoding) if decoding else 0.0
-        prefill = self.per_prefill_token_s * prefill_tokens
-        return max(decode + prefill, self.step_floor_s if prefill_tokens else 0.0)
+        if not decoding and not prefill_tokens:
+            return 0.0
+        return self.step_base_s + self.per_sequence_s * decoding + self.per_prefill_token_s * prefill_tokens
 
 
-PUBLISHED = {1: (6.48e-3, 122.2), 4: (6.59e-3, 580.3), 16: (10.94e-3, 1384.2), 64: (46.91e-3, 1312.3)}
-"""The published curve: concurrency -> (median time per output token in seconds, output tokens
-per second) of vLLM 0.21.0 serving Llama-3.1-8B-Instruct (fp16) on one H100-80GB-HBM3, measured
-2026-05-16 (InferenceBench's concurrency-sweep recipe; docs/benchmarks.md cites it)."""
+PUBLISHED = {
+    1: 3.8245 / 337,
+    2: 3.9516 / 337,
+    4: 4.0403 / 337,
+    8: 4.2195 / 337,
+    16: 4.6958 / 337,
+    32: 5.5353 / 337,
+    64: 7.3084 / 337,
+    128: 10.5981 / 337,
+}
+"""The published decode-only curve: sequences in the batch -> seconds per decode step. vLLM
+(its 0.6-era development build, CUDA graphs, fp16) running Llama-2-7B on one H100 64 GB, each
+batch of 161-token prompts prefilled first and then decoded alone for 337 steps (output 338
+tokens): the decode phase's elapsed time over its 337 steps (Recasens et al., "Mind the Memory
+Gap", arXiv 2503.08311, the repository's ``decode_kernels/distinct_kernels/llama-2-7b`` logs;
+docs/benchmarks.md cites it)."""
 
 PROFILE = GpuProfile(
-    name="H100-80GB, Llama-3.1-8B-Instruct (vLLM 0.21, fp16)",
-    # Fitted to PUBLISHED's time per output token: the floor is the mean of the two points where
-    # the batch is too small to matter (1 and 4 sequences), the slope the least-squares fit (of
-    # the relative errors, through the origin) of the two where it dominates (16 and 64).
-    step_floor_s=6.535e-3,
-    per_sequence_s=0.7067e-3,
-    # Not in the published curve: two FLOPs per parameter per token (16 GFLOP for 8 B
-    # parameters) at half of the H100's 989 dense bf16 TFLOP/s: ~31,000 prompt tokens/s.
+    name="H100-64GB, Llama-2-7B (vLLM 0.6-era, fp16)",
+    # Fitted to PUBLISHED by least squares of the relative errors: every point within 1.1%.
+    step_base_s=11.319e-3,
+    per_sequence_s=0.1591e-3,
+    # Not in the decode curve: two FLOPs per parameter per token at half of the H100's dense
+    # fp16 rate, ~31,000 prompt tokens/s (the same runs prefilled 128 x 161 tokens in 0.59 s,
+    # ~35,000 tokens/s).
     per_prefill_token_s=1 / 31_000,
-    # 80 GB x 0.9 (vLLM's gpu_memory_utilization) less 16 GB of weights and ~2 GB of activations,
-    # at 128 KiB a token (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes): ~430,000 tokens.
-    kv_cache_tokens=430_000,
+    # vLLM's own reading in the same runs: 5,531 blocks of 16 tokens (43.2 GiB at 512 KiB a
+    # token, gpu_memory_utilization 0.9).
+    kv_cache_tokens=5_531 * BLOCK_TOKENS,
 )
 
 

@@ -306,8 +306,8 @@ class Dispatcher:
         except Exception as exc:
             log.warning("reading the group's offsets failed: %s", exc, extra={"model": model})
             return
-        state.backlog.observe(committed, members, now, waiting)
         state.book.committed(committed, now)
+        state.backlog.observe(committed, members, now, waiting, state.book.answered_by_partition())
         metrics.TOPIC_BACKLOG.labels(model).set(state.backlog.lag)
         metrics.TARGET_BACKLOG.labels(model).set(state.backlog.target)
 

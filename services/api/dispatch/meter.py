@@ -3,8 +3,11 @@
 The backlog is measured without ListOffsets LATEST (the stand-in broker answers it wrongly for
 multi-record batches, and it would cost a request per partition): the end of each partition is
 the highest offset our own sends were acknowledged at, plus one, and the consumed side is the
-inference group's committed offset. Lines of direct-Kafka pipelines sent before our last send
-count too; lines sent after it are seen at our next send.
+inference group's committed offset, less our lines past it that already have a result (a worker
+commits a partition only up to its oldest line still running: behind one long line, every line
+done after it would count as waiting, and the target would hold the workers dry until it ended).
+Lines of direct-Kafka pipelines sent before our last send count too; lines sent after it are
+seen at our next send.
 
 The target keeps every worker's in-flight window full with a little more to spare: one
 ``worker_window`` per group member (read from the group, so it adapts as workers join and leave)
@@ -48,8 +51,9 @@ class Backlog:
     max_backlog: int = 20_000
     ends: dict[int, int] = field(default_factory=dict)
     committed: dict[int, int] = field(default_factory=dict)
+    answered: dict[int, int] = field(default_factory=dict)  # lines done past the commit (observe)
     members: int = 1
-    rate: float = 0.0  # lines the group commits per second, over the last RATE_WINDOW_S
+    rate: float = 0.0  # lines the group finishes (commits or answers) per second, over RATE_WINDOW_S
     _history: deque[tuple[float, int]] = field(default_factory=deque)
     _target: float = 0.0
     _ran_dry: bool = True  # the last reading found every line sent committed (or none was taken)
@@ -59,16 +63,26 @@ class Backlog:
         latest rather than the highest follows a broker that lost its data and starts again)."""
         self.ends[partition] = offset + 1
 
-    def observe(self, committed: dict[int, int], members: int, now: float, waiting: bool = True) -> None:
-        """A probe's answer: committed offsets per partition and the group's member count.
+    def observe(
+        self,
+        committed: dict[int, int],
+        members: int,
+        now: float,
+        waiting: bool = True,
+        answered: dict[int, int] | None = None,
+    ) -> None:
+        """A probe's answer: committed offsets per partition and the group's member count;
+        ``answered``: per partition, our lines with a result that the commit has not passed yet
+        (``JourneyBook.answered_by_partition``), out of the backlog.
 
         ``waiting``: lines are queued for the topic. If the group had committed everything (the
         workers ran dry between two commits) the target doubles (slow start); otherwise it
         relaxes towards what the rate needs.
         """
         self.committed.update(committed)
+        self.answered = dict(answered or {})
         self.members = max(1, members)
-        total = sum(self.committed.values())
+        total = sum(self.committed.values()) + sum(self.answered.values())  # lines done
         self._history.append((now, total))
         while len(self._history) > 2 and self._history[0][0] < now - RATE_WINDOW_S:
             self._history.popleft()
@@ -89,7 +103,11 @@ class Backlog:
 
     @property
     def lag(self) -> int:
-        return sum(max(0, end - self.committed.get(p, 0)) for p, end in self.ends.items())
+        """Lines in the topic or in a worker without a result: past each partition's commit, less
+        those answered already."""
+        return sum(
+            max(0, end - self.committed.get(p, 0) - self.answered.get(p, 0)) for p, end in self.ends.items()
+        )
 
     @property
     def target(self) -> int:

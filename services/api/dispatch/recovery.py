@@ -1,7 +1,8 @@
 """Acting on the journey books (``sent_lines.py``): lost lines sent again, cancels settled.
 
 Every ``journey_check_seconds``, for each model this replica dispatches: read the ``seen_lines`` of
-the batches with lines past the group's commit, send again those overdue without a result (a
+the batches with lines sent (those with a result before the group's commit leave the measured
+backlog: ``meter.py``), send again those overdue without a result (a
 bounded number per check, read with merged ranged GETs), publish ``line_lost`` results for lines
 out of attempts, and act on a takeover's doubts. Cancelling batches whose sent lines all came back
 are marked ``dispatch_settled`` so the aggregator ends them without waiting for its timeout.

@@ -56,6 +56,8 @@ class JourneyBook:
         self.takeover_grace_s = takeover_grace_s
         self._lines: dict[tuple[str, int], SentLine] = {}
         self._uncommitted: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+        # Lines with a result the group has not committed past (a line before them still runs).
+        self._answered: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
         self._doubts: dict[str, Doubt] = {}
         self._progress: dict[str, tuple[int, float]] = {}  # batch -> (lines seen, when it grew)
 
@@ -79,9 +81,19 @@ class JourneyBook:
         """``in_topic`` per partition (what a worker has queued or running of ours)."""
         return {p: len(lines) for p, lines in self._uncommitted.items()}
 
+    def answered_by_partition(self) -> dict[int, int]:
+        """Our lines the aggregator has a result of while the group has not committed past them,
+        per partition: a worker commits a partition only up to its oldest line still running, so
+        behind one long line the lines done after it stay in the measured backlog."""
+        return {p: len(lines) for p, lines in self._answered.items() if lines}
+
     def committed(self, offsets: dict[int, int], now: float) -> None:
         """The group's committed offset per partition: lines below it have a published result."""
         for partition, committed in offsets.items():
+            answered = self._answered.get(partition)
+            if answered:
+                for key in [k for k, off in answered.items() if off < committed]:
+                    del answered[key]
             waiting = self._uncommitted.get(partition)
             if not waiting:
                 continue
@@ -90,9 +102,9 @@ class JourneyBook:
                 self._lines[key].committed_at = now
 
     def batches_to_check(self) -> set[str]:
-        """Batches with lines past the commit, or doubts: read their ``seen_lines``."""
-        batches = {b for (b, _), line in self._lines.items() if line.committed_at is not None}
-        return batches | set(self._doubts)
+        """Batches with lines sent, or doubts: read their ``seen_lines`` (a line past the commit
+        may be lost; one before it may have its result while an older line still runs)."""
+        return {b for b, _ in self._lines} | set(self._doubts)
 
     def progress(self, batch_id: str, seen: SeenLines, now: float) -> float:
         """When the aggregator last counted a new line of the batch (as far as we looked)."""
@@ -116,6 +128,8 @@ class JourneyBook:
         for key in [k for k in self._lines if k[0] == batch_id]:
             line = self._lines[key]
             if line.line in seen:
+                if line.committed_at is None:
+                    self._answered[line.partition][key] = line.offset
                 self._drop(key)
             elif stalled and line.committed_at is not None and line.committed_at + self.grace_s <= now:
                 if line.attempt >= self.max_attempts:
@@ -165,6 +179,9 @@ class JourneyBook:
         gone = set(batch_ids)
         for key in [k for k in self._lines if k[0] in gone]:
             self._drop(key)
+        for answered in self._answered.values():
+            for key in [k for k in answered if k[0] in gone]:
+                del answered[key]
         for batch_id in gone:
             self._doubts.pop(batch_id, None)
             self._progress.pop(batch_id, None)

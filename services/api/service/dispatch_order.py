@@ -12,7 +12,7 @@ content). The order sends groups by their first line in the file and a group's l
 order; a line that shares no such prefix keeps its place in the file, so a file without shared
 prefixes is sent in file order.
 
-**Longest first.** On a GPU a decode step costs about as much for one sequence as for hundreds,
+**Longest first.** On a GPU a decode step costs about as much for one sequence as for dozens,
 so a long line that starts last runs nearly alone and the batch waits for it (the tail). With
 ``longest_first`` the order sends the groups by their longest line, longest first, and a group's
 lines longest first (lines that share more than the group's prefix stay together); a line's
@@ -57,9 +57,8 @@ from shared.storage import ObjectStore, dispatch_order_key
 log = logging.getLogger(__name__)
 
 RUN_BYTES = 4 * 1024 * 1024
-"""Memory for the records sorted at a time. Validating 1,000,000 lines (custom_id check and
-order) in a process of its own grew its RSS by 19 MiB at 4 MiB and 35 MiB at 8 MiB, in the same
-16 s (2026-12-06)."""
+"""Memory for the records sorted at a time: validating a million lines grows the process by about
+five times this, and a larger run sorts no faster (docs/benchmarks.md)."""
 # What the sorts compare, packed big-endian so that the bytes compare as the values do.
 _KEYED = struct.Struct(f">I{KEY_BYTES}sIQI")  # tag, prefix key, number, start, length
 # The tag, the group's rank by length, its first number, the line's key up to what it shares with
@@ -323,7 +322,7 @@ class PartOrders:
             self._tags[base] = {}
         tags = self._tags[base]
         tag = 0 if base is None else tags.setdefault(model, len(tags))
-        builder.add(line, text, tag)
+        builder.add(line, text, tag, length)
 
     def close(self) -> None:
         for builder in self.parts.values():

@@ -14,7 +14,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from services.inference.consumer import RequestConsumer
+from services.inference.consumer import RequestConsumer, interleaved
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from services.inference.settings import InferenceSettings
@@ -129,3 +129,17 @@ async def test_a_window_that_stays_full_still_polls_paused_now_and_then() -> Non
     await _run(consumer, keepalive_poll_s=0.2, count=2)
     keepalives = [n for n, paused in consumer.polls if paused]
     assert 2 <= len(keepalives) <= 10  # ~every 0.2 s of the second the window was full
+
+
+def test_a_polls_partitions_are_taken_in_turn_each_in_its_order() -> None:
+    # The dispatcher spread its first lines (a, b, c, ...) over two partitions: the poll returns
+    # each partition's records together; they start about in the order they were sent.
+    batch = {"p0": ["a", "c", "e", "f"], "p1": ["b", "d"], "p2": []}
+    assert list(interleaved(batch)) == [
+        ("p0", "a"),
+        ("p1", "b"),
+        ("p0", "c"),
+        ("p1", "d"),
+        ("p0", "e"),
+        ("p0", "f"),
+    ]

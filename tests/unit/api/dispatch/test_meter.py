@@ -116,3 +116,14 @@ def test_head_starts_may_fill_the_topic_up_to_a_second_target_with_a_fake_clock(
     clock.advance(0.2)
     meter.observe({0: 200}, members=1, now=clock(), waiting=False)
     assert meter.head_room() > 0
+
+
+def test_lines_answered_past_the_commit_leave_the_backlog() -> None:
+    # One long line holds the commit at offset 0; the 99 sent after it have their results.
+    meter = backlog()
+    for offset in range(100):
+        meter.produced(0, offset)
+    meter.observe({0: 0}, members=1, now=0.0, waiting=True)
+    assert meter.lag == 100 and meter.allowance(ours_in_topic=100) == 0  # the workers held dry
+    meter.observe({0: 0}, members=1, now=1.0, waiting=True, answered={0: 99})
+    assert meter.lag == 1 and meter.allowance(ours_in_topic=1) == meter.target - 1

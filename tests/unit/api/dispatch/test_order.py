@@ -11,7 +11,14 @@ import pytest
 
 from services.api.dispatch.order import HEADER, Affinity, OrderCursor, OrderEntry, read_entries, scan_order
 from services.api.prompt_keys import prefix_key, prompt_text, shared_blocks
-from services.api.service.dispatch_order import LONGEST, SHORT, OrderBuilder, OrderStats, expected_length
+from services.api.service.dispatch_order import (
+    LONGEST,
+    SHORT,
+    OrderBuilder,
+    OrderStats,
+    PartOrders,
+    expected_length,
+)
 from shared.input_lines import InputLine
 from shared.storage import ObjectStore
 
@@ -187,6 +194,23 @@ def test_longest_lines_go_first_and_equal_lengths_keep_file_order() -> None:
     assert {e.group for e in entries} == {0}
     assert stats(texts, lengths).worth_storing  # lines move: the order is stored
     assert not stats(texts, [16] * 40).worth_storing  # one length: the file's own order
+
+
+def test_a_mixed_batchs_part_goes_longest_first_too() -> None:
+    parts = PartOrders(min_shared_chars=256, longest_first=True)
+    source = io.BytesIO()
+    for number in range(1, 21):
+        raw = f"say req-{number}".encode()
+        length = 400 if number % 10 == 0 else 16
+        parts.add("base", "m", InputLine(number, source.tell(), raw), raw.decode(), length)
+        source.write(raw + b"\n")
+    order = parts.parts["base"]
+    order.plan()
+    out = io.BytesIO()
+    order.write(out, source)
+    parts.close()
+    entries, _ = read_entries(out.getvalue())
+    assert [e.number for e in entries][:2] == [10, 20]
 
 
 def test_groups_go_by_their_longest_line_and_stay_together() -> None:

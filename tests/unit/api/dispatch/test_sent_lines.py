@@ -93,3 +93,16 @@ def test_a_cancelled_batch_settles_once_every_sent_line_came_back_with_a_fake_cl
     clock.advance(5)
     assert book.cancel_settled("b", seen_of(1), clock())  # lost: finalize fills it
     assert book.cancel_settled("never-sent", seen_of(), clock())
+
+
+def test_lines_answered_behind_a_running_one_are_counted_until_the_commit_passes_them() -> None:
+    book = JourneyBook(grace_s=10, max_attempts=3, takeover_grace_s=30)
+    for line in range(1, 6):  # line 1 is long: the worker cannot commit past offset 0
+        book.sent(sent(line, offset=line - 1))
+    assert book.batches_to_check() == {"b"}  # nothing committed yet, and still looked at
+    book.settle("b", seen_of(2, 3, 4), now=1.0)
+    assert book.answered_by_partition() == {0: 3} and book.in_topic() == 2
+    book.committed({0: 3}, now=2.0)  # line 1 ended: the commit passed lines 1 to 3, not 4
+    assert book.answered_by_partition() == {0: 1}
+    book.forget(["b"])
+    assert book.answered_by_partition() == {}
