@@ -1,7 +1,8 @@
 """Media URLs inside request lines: which ones a worker may fetch.
 
 A chat or Responses body may name images, audio or video by URL (``image_url``, ``audio_url``,
-``video_url``, ``file_url``); the engine (vLLM, or a remote server) then fetches each from inside
+``video_url``, ``file_url``), and an Anthropic Messages body an image or a document by a ``source``
+of type ``url``; the engine (vLLM, or a remote server) then fetches each from inside
 the cluster, where a URL could reach cloud metadata or internal hosts. Only ``data:`` URLs (the
 media inline) are taken, plus ``http(s)`` URLs on the domains an operator allows
 (``BATCHSTREAM_MEDIA_ALLOWED_DOMAINS``). The api refuses other URLs at validation (that line's
@@ -18,8 +19,12 @@ from urllib.parse import urlsplit
 MEDIA_KEYS = frozenset({"image_url", "audio_url", "video_url", "file_url"})
 """Keys whose value is a media URL (a string) or an object holding one in ``url``."""
 
-MARKER = b"_url"
-"""Every media key ends so: a line without these bytes names no media URL (a cheap pre-check)."""
+SOURCE_KEY = "source"
+"""An Anthropic content block's (image, document) media: a URL when its ``type`` is ``url``."""
+
+MARKERS = (b"_url", b'"source"')
+"""Every media key ends so, or is Anthropic's ``source``: a line without these bytes names no media
+URL (a cheap pre-check)."""
 ESCAPE = b"\\u"
 """A JSON escape may spell a key's bytes otherwise (``image\u005furl``): a line holding one is walked
 whatever the pre-check says."""
@@ -46,7 +51,7 @@ def _holds(raw: bytes, needle: bytes) -> bool:
 
 def may_name_media(raw: bytes) -> bool:
     """Whether a line's bytes may name a media URL (False: the body need not be walked)."""
-    return _holds(raw, MARKER) or _holds(raw, ESCAPE)
+    return any(_holds(raw, marker) for marker in MARKERS) or _holds(raw, ESCAPE)
 
 
 def media_urls(value: Any, path: str = "body") -> Iterator[tuple[str, str]]:
@@ -58,6 +63,9 @@ def media_urls(value: Any, path: str = "body") -> Iterator[tuple[str, str]]:
                     yield f"{path}.{key}", item
                 elif isinstance(item, dict) and isinstance(item.get("url"), str):
                     yield f"{path}.{key}.url", item["url"]
+            elif key == SOURCE_KEY and isinstance(item, dict) and item.get("type") == "url":
+                url = item.get("url")
+                yield f"{path}.{key}.url", url if isinstance(url, str) else ""
             elif isinstance(item, dict | list):
                 yield from media_urls(item, f"{path}.{key}")
     elif isinstance(value, list):

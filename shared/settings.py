@@ -258,6 +258,10 @@ class ApiSettings(BaseSettings):
     """Largest ``POST /v1/messages/batches`` body (256 MiB, Anthropic's limit): the api holds a
     message batch's requests in memory while it checks them and writes its input file; a larger
     body answers 413 ``request_too_large``."""
+    max_message_batch_creates: int = Field(default=1, ge=1)
+    """Message batch creates the api reads and checks at once, whichever projects send them: each
+    holds its requests in memory, several times its body's size; one more answers 429
+    ``too_many_creates`` with ``retry-after`` (the SDKs retry it)."""
     max_batch_lines: int = 1_000_000
     """Most request lines in a batch input file (OpenAI's is 50,000); more fail the batch with
     ``too_many_tasks`` naming the limit."""

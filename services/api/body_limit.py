@@ -16,10 +16,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.api.errors import error_response
 from services.api.service.files import upload_limit
 from shared.errors import PayloadTooLarge
+from shared.protocol.anthropic import MESSAGE_BATCHES_PATH
 from shared.settings import ApiSettings
 
 UPLOAD_PATH = "/v1/files"
-MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 MULTIPART_SLACK = 64 * 1024
 """Bytes an upload's body may have beyond the file: the multipart framing and form fields."""
 REQUEST_TOO_LARGE = "request_too_large"

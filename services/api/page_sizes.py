@@ -14,6 +14,10 @@ BATCHES_PAGE_MAX = 100
 """``GET /v1/batches``: the largest ``limit`` (OpenAI's)."""
 FILES_PAGE_MAX = 10_000
 """``GET /v1/files``: the largest ``limit``, also its default (OpenAI's)."""
+MESSAGE_BATCHES_PAGE = 20
+"""``GET /v1/messages/batches``: the default ``limit`` (Anthropic's)."""
+MESSAGE_BATCHES_PAGE_MAX = 1000
+"""``GET /v1/messages/batches``: the largest ``limit`` (Anthropic's)."""
 ERROR_LINES_PAGE = 50
 """``GET /v1/batches/{id}/error_lines``: the default ``limit``."""
 ERROR_LINES_PAGE_MAX = 500

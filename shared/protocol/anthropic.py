@@ -20,6 +20,8 @@ from shared.protocol.openai import BatchBase
 ANTHROPIC_API: Final = "anthropic"
 """The ``api`` of a stored batch created through ``/v1/messages/batches``."""
 
+MESSAGE_BATCHES_PATH = "/v1/messages/batches"
+"""Where Anthropic's Message Batches API is served (its routes, the body limit, the client)."""
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 """Anthropic's rule for a request's ``custom_id``."""
 

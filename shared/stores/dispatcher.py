@@ -202,7 +202,10 @@ class PositionStore:
         try:
             await self._positions.bulk_write(updates, ordered=False)
         except BulkWriteError as exc:
-            if any(e.get("code") != DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
+            details = exc.details
+            if details.get("writeConcernErrors") or any(
+                e.get("code") != DUPLICATE_KEY for e in details.get("writeErrors", [])
+            ):
                 raise
 
     async def forget(self, batch_ids: list[str]) -> None:

@@ -38,12 +38,13 @@ class MessageBatchStore:
         return docs if order == DESCENDING else docs[::-1]
 
     async def delete_ended(self, batch_id: str, project: str) -> bool:
-        """Remove a message batch that ended; False when there is none such (not found, another
-        project's, or still processing)."""
+        """Remove a message batch that ended and whose end event is recorded (its webhook); False
+        when there is none such (not found, another project's, or still processing)."""
         query = {
             "_id": batch_id,
             "project": project,
             "api": ANTHROPIC_API,
             "status": {"$in": sorted(lifecycle.TERMINAL)},
+            "end_recorded": {"$ne": False},
         }
         return (await self._batches.delete_one(query)).deleted_count == 1

@@ -61,7 +61,7 @@ def test_the_gpu_worker_runs_the_vllm_release_the_cpu_tests_run() -> None:
 
 def test_the_client_extra_stays_thin() -> None:
     """`pip install 'batchstream[client]'` brings the HTTP client only, no service dependency."""
-    assert set(project_pins("client")) == {"pydantic", "openai", "typer", "rich"}
+    assert set(project_pins("client")) == {"pydantic", "openai", "httpx2", "typer", "rich"}
 
 
 def test_each_service_extra_brings_the_shared_service_dependencies() -> None:

@@ -7,12 +7,12 @@ operator orders projects. A round's budget goes, in this order:
    10 lines is wholly sent, within one round whatever is queued), but one project's new batches
    share ``start_lines`` per round between them, charged to the project's virtual time, and a
    project more than one head start ahead of its tier's lowest virtual time gets none: a project
-   sending many small batches gets no more than its share. A project joining the share gets,
-   instead of ``start_lines``, its weight's share of the lines already in flight (``backlog``) if
-   that is more: those lines were sent before it came, and until they drain its lines would
-   otherwise reach the workers only at its share of the drain; the workers give a freed place to
-   the project with the fewest lines running, so its head start runs at once, and it is charged
-   to its virtual time like any line.
+   sending many small batches gets no more than its share. A project of the top tier joining
+   the share gets, after every project's ``start_lines``, the rest of its weight's share of the
+   lines already in flight (``backlog``): those lines were sent before it came, and until they
+   drain its lines would otherwise reach the workers only at its share of the drain; the workers
+   give a freed place to the project with the fewest lines running, so its head start runs at
+   once, and it is charged to its virtual time like any line.
 2. **Tiers**, which only the operator grants (``project_tiers``, default 0): a higher tier's
    projects are served before a lower tier's. Within a tier:
 3. **Batches at risk** (``QueuedBatch.at_risk``, computed by the loop with ``at_risk``): a batch
@@ -59,9 +59,11 @@ class QueuedBatch:
 
 @dataclass(frozen=True)
 class HeadStart:
-    """One project's new batches that get a head start this round, and the lines they share."""
+    """One project's new batches that get a head start this round, and the lines they share:
+    ``lines`` first, ``extra`` once every project's ``lines`` are served (``FairSharePolicy._start``)."""
 
     lines: int
+    extra: int
     batches: list[QueuedBatch]
 
 
@@ -152,11 +154,16 @@ class FairSharePolicy:
         live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
         tiers = self._tiers(live)
         self._level(tiers)
-        starting = [HeadStart(self._start(b[0].project, live, backlog), b) for b in self._starting(live)]
+        starting = [
+            HeadStart(self.start_lines, self._extra(b[0].project, tiers, backlog), b)
+            for b in self._starting(live)
+        ]
         return Lineup(
             tiers=tiers,
             starting=starting,
-            head_start_lines=sum(min(sum(b.remaining for b in h.batches), h.lines) for h in starting),
+            head_start_lines=sum(
+                min(sum(b.remaining for b in h.batches), h.lines + h.extra) for h in starting
+            ),
         )
 
     def plan(self, lineup: Lineup, budget: int) -> list[Grant]:
@@ -175,15 +182,18 @@ class FairSharePolicy:
             left = self._share(tier, granted, left)
         return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
 
-    def _start(self, project: str, live: list[QueuedBatch], backlog: int) -> int:
-        """A project's head start this round: ``start_lines``, or, for a project joining its
-        tier's share (one the last plan did not reach), its weight's share of the ``backlog`` in
-        flight if that is more."""
-        if project in self._reached or backlog <= 0:
-            return self.start_lines
-        tier = self.tier(project)
-        weights = sum(self.weight(p) for p in {b.project for b in live if self.tier(b.project) == tier})
-        return max(self.start_lines, math.ceil(backlog * self.weight(project) / weights))
+    def _extra(self, project: str, tiers: list[list[QueuedBatch]], backlog: int) -> int:
+        """Lines beyond ``start_lines`` in a project's head start this round: for a project of
+        the top tier joining its share (one the last plan did not reach), its weight's share of
+        the ``backlog`` in flight, less ``start_lines``. A lower tier's project gets none: it
+        waits behind the higher tiers, whatever is in flight."""
+        if backlog <= 0 or project in self._reached or not tiers:
+            return 0
+        top = {b.project for b in tiers[0]}
+        if project not in top:
+            return 0
+        share = math.ceil(backlog * self.weight(project) / sum(self.weight(p) for p in top))
+        return max(0, share - self.start_lines)
 
     def _starting(self, live: list[QueuedBatch]) -> list[list[QueuedBatch]]:
         """The new batches that get a head start, one list per project (higher priority, then
@@ -209,14 +219,17 @@ class FairSharePolicy:
 
     def _head_starts(self, starting: list[HeadStart], granted: dict[str, int], left: int) -> int:
         """Each project's new batches share its head start, evenly (higher priority, then older,
-        first when lines are fewer than batches)."""
-        for start in starting:
-            batches = start.batches
-            for batch, lines in zip(batches, _fill(min(start.lines, left), batches), strict=True):
-                if lines > 0:
-                    granted[batch.batch_id] = lines
-                    self._charge(batch, lines)
-                    left -= lines
+        first when lines are fewer than batches): every project's ``lines`` first, then the
+        ``extra`` of projects joining the share, so a small batch still starts in this round."""
+        for extra in (False, True):
+            for start in starting:
+                want = min(start.extra if extra else start.lines, left)
+                rooms = [_room(batch, granted) for batch in start.batches]
+                for batch, lines in zip(start.batches, _fill(want, rooms), strict=True):
+                    if lines > 0:
+                        granted[batch.batch_id] = granted.get(batch.batch_id, 0) + lines
+                        self._charge(batch, lines)
+                        left -= lines
         return left
 
     def _rescue(self, tier: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
@@ -305,18 +318,18 @@ def _room(batch: QueuedBatch, granted: dict[str, int]) -> int:
     return batch.remaining - granted.get(batch.batch_id, 0)
 
 
-def _fill(total: int, batches: list[QueuedBatch]) -> list[int]:
-    """``total`` lines split evenly between ``batches``, none above its remaining lines; when
-    lines are fewer than batches, the first batches get one each."""
-    lines = [0] * len(batches)
-    open_ = [i for i, b in enumerate(batches) if b.remaining > 0]
+def _fill(total: int, rooms: list[int]) -> list[int]:
+    """``total`` lines split evenly between batches with ``rooms`` lines left, none above its
+    room; when lines are fewer than batches, the first batches get one each."""
+    lines = [0] * len(rooms)
+    open_ = [i for i, room in enumerate(rooms) if room > 0]
     while total > 0 and open_:
         each = max(1, total // len(open_))
         for i in list(open_):
-            take = min(each, batches[i].remaining - lines[i], total)
+            take = min(each, rooms[i] - lines[i], total)
             lines[i] += take
             total -= take
-            if lines[i] >= batches[i].remaining:
+            if lines[i] >= rooms[i]:
                 open_.remove(i)
             if total <= 0:
                 break

@@ -17,9 +17,11 @@ from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials
 
 from services.api.deps import bearer, project_of, services
+from services.api.page_sizes import MESSAGE_BATCHES_PAGE, MESSAGE_BATCHES_PAGE_MAX
 from services.api.service.message_batches import MessageBatchService
 from services.api.streams import opened
 from shared.protocol.anthropic import (
+    MESSAGE_BATCHES_PATH,
     AnthropicErrorResponse,
     DeletedMessageBatch,
     MessageBatch,
@@ -27,9 +29,7 @@ from shared.protocol.anthropic import (
     MessageBatchList,
 )
 
-PREFIX = "/v1/messages/batches"
-MAX_PAGE = 1000
-"""The largest ``limit`` of a list page (Anthropic's)."""
+PREFIX = MESSAGE_BATCHES_PATH
 
 
 class AnthropicRoute(APIRoute):
@@ -132,7 +132,8 @@ _CREATE_BODY = {
 async def create_message_batch(
     project: Project, service: MessageBatches, base: ResultsBase, request: Request
 ) -> MessageBatch:
-    return await service.create(project, await request.body(), base)
+    async with service.admitted():  # the body is read only within the api's bound on creates
+        return await service.create(project, await request.body(), base)
 
 
 @router.get("", response_model=MessageBatchList, responses=_errors(*_ALWAYS, 404))
@@ -142,7 +143,7 @@ async def list_message_batches(
     base: ResultsBase,
     before_id: str | None = None,
     after_id: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
+    limit: Annotated[int, Query(ge=1, le=MESSAGE_BATCHES_PAGE_MAX)] = MESSAGE_BATCHES_PAGE,
 ) -> MessageBatchList:
     return await service.list_page(project, limit, after_id, before_id, base)
 

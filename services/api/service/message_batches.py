@@ -27,7 +27,7 @@ from services.api.service.batches import BatchService
 from services.api.service.files import FileService
 from services.api.service.partial import Kind, PartialOutputService
 from shared.documents import BatchDocument
-from shared.errors import InvalidRequest, NotFound, echo
+from shared.errors import InvalidRequest, NotFound, QuotaExceeded, echo
 from shared.lifecycle import TERMINAL
 from shared.protocol.anthropic import (
     ANTHROPIC_API,
@@ -54,6 +54,8 @@ NOT_RUN_CACHE = 10_000
 
 _CUSTOM_ID = re.compile(CUSTOM_ID_PATTERN)
 _SPOOL_BYTES = 8 * 1024 * 1024  # an input file this small is written from memory
+TOO_MANY_CREATES = "too_many_creates"
+CREATE_RETRY_AFTER_S = 1
 
 
 class MessageBatchService:
@@ -73,6 +75,23 @@ class MessageBatchService:
         self.models = models
         self.settings = settings
         self._not_run: OrderedDict[str, dict[str, int]] = OrderedDict()
+        self._creates = asyncio.Semaphore(settings.max_message_batch_creates)
+
+    @contextlib.asynccontextmanager
+    async def admitted(self) -> AsyncIterator[None]:
+        """Room for one more create's body in memory, or 429 ``too_many_creates`` at once: each
+        holds its requests in memory (several times its size as Python objects) while checked,
+        so at most ``max_message_batch_creates`` run at a time, whichever projects send them."""
+        if self._creates.locked():
+            raise QuotaExceeded(
+                f"{self.settings.max_message_batch_creates} message batch creates are running; "
+                "try again shortly.",
+                limit="requests",
+                code=TOO_MANY_CREATES,
+                retry_after_s=CREATE_RETRY_AFTER_S,
+            )
+        async with self._creates:
+            yield
 
     async def create(self, project: str, body: bytes, results_base: str) -> MessageBatch:
         """Create a message batch from the raw request body. Parsing, the requests' checks and
@@ -146,15 +165,21 @@ class MessageBatchService:
         """Remove an ended message batch with its input, output and error files; one still
         processing must be canceled first (400, as Anthropic's)."""
         batch = await self.document(project, batch_id)
-        if not await self.store.delete_ended(batch_id, project):
+        if batch.status not in TERMINAL:
             raise InvalidRequest(
                 f"Message batch {batch_id} is still processing; cancel it before deleting it.",
                 param="message_batch_id",
             )
+        # Its files first: an outage midway leaves the batch, and the delete can be sent again.
         for file_id in (batch.input_file_id, batch.output_file_id, batch.error_file_id):
             if file_id:
                 with contextlib.suppress(NotFound):  # already gone (deleted or expired)
                     await self.files.delete(project, file_id)
+        if not await self.store.delete_ended(batch_id, project):
+            raise InvalidRequest(
+                f"Message batch {batch_id} has just ended; its end is being recorded. Try again shortly.",
+                param="message_batch_id",
+            )
         self._not_run.pop(batch_id, None)
         return DeletedMessageBatch(id=batch_id)
 
@@ -216,7 +241,7 @@ def parse_create(body: bytes) -> MessageBatchCreateParams:
         raise InvalidRequest("The request body is not valid JSON.") from None
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(map(str, error["loc"])) or "body"
+        where = echo(".".join(map(str, error["loc"])) or "body", quote=False)  # the client's keys
         if error["type"] == "extra_forbidden":
             raise InvalidRequest(f"{where}: Extra inputs are not permitted.", param=where) from None
         raise InvalidRequest(f"{where}: {error['msg']}.", param=where) from None
@@ -297,7 +322,10 @@ def _request_problems(
         try:
             shape.model_validate(params)
         except ValidationError as exc:
-            found += [f"params.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]]
+            found += [
+                f"params.{echo('.'.join(map(str, e['loc'])), quote=False)}: {e['msg']}"
+                for e in exc.errors()[:5]
+            ]
     max_tokens = params.get("max_tokens")
     context = known.max_context_length if known else None
     if context and isinstance(max_tokens, int) and max_tokens > context:

@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from services.api.service.message_batches import check_requests, parse_create
+from services.api.service.message_batches import MessageBatchService, check_requests, parse_create
 from shared.documents import BatchDocument
-from shared.errors import InvalidRequest
+from shared.errors import InvalidRequest, QuotaExceeded
 from shared.protocol.anthropic import MessageBatchCreateParams, message_batch, result_line, rfc3339
 from shared.protocol.messages import TokenUsage
 from shared.protocol.openai import RequestCounts
@@ -206,3 +206,22 @@ def test_a_create_body_that_is_not_one_is_refused_naming_the_field(
     with pytest.raises(InvalidRequest) as refused:
         parse_create(body)
     assert refused.value.message.startswith(said) and refused.value.param == param
+
+
+async def test_a_create_past_the_bound_on_creates_at_once_is_429_until_one_ends() -> None:
+    settings = ApiSettings(max_message_batch_creates=1)
+    service = MessageBatchService(None, None, None, None, None, settings)  # type: ignore[arg-type]
+    async with service.admitted():
+        with pytest.raises(QuotaExceeded) as refused:
+            async with service.admitted():
+                pass
+    assert refused.value.status_code == 429 and refused.value.code == "too_many_creates"
+    assert refused.value.retry_after_s == 1
+    async with service.admitted():  # the first ended: room again
+        pass
+
+
+def test_a_clients_long_key_is_cut_in_the_refusal() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse_create(orjson.dumps({"requests": [], "x" * 10_000: 1}))
+    assert len(refused.value.message) < 400 and "10000 characters" in refused.value.message

@@ -28,6 +28,32 @@ def test_every_media_url_of_a_chat_or_responses_body_is_found_with_its_param() -
     ]
 
 
+def test_an_anthropic_url_source_is_a_media_url_and_an_inline_one_is_not() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "url", "url": "http://169.254.169.254/x"}},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
+                    },
+                    {"type": "document", "source": {"type": "url", "url": "https://docs.example/a.pdf"}},
+                ],
+            }
+        ],
+    }
+    assert list(media_urls(body)) == [
+        ("body.messages[0].content[0].source.url", "http://169.254.169.254/x"),
+        ("body.messages[0].content[2].source.url", "https://docs.example/a.pdf"),
+    ]
+    refusal = first_refusal(body, frozenset({"docs.example"}))
+    assert refusal is not None and refusal[0] == "body.messages[0].content[0].source.url"
+
+
 @pytest.mark.parametrize(
     ("url", "allowed", "refused"),
     [
@@ -69,6 +95,7 @@ def test_the_first_refused_url_is_named_with_its_param() -> None:
         (b"_" * 100 + b"_url", True),  # found past more first bytes than are hopped over
         (b"_" * 100 + b" url", False),
         (b"\\n" * 100 + b"\\u0041", True),
+        (b'{"content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}', True),
     ],
 )
 def test_the_byte_pre_check_finds_every_line_that_may_name_a_media_url(raw: bytes, may: bool) -> None:

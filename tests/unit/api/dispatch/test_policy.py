@@ -211,6 +211,30 @@ def test_a_project_joining_behind_a_backlog_gets_its_share_of_it_at_once_with_a_
         assert shares(policy.plan(policy.lineup([big, started], clock(), backlog=600), 64)) == {"big": 64}
 
 
+def test_a_lower_tier_project_gets_no_share_of_the_backlog_with_a_fake_clock() -> None:
+    """Alone in its tier, a bulk project would otherwise take the whole backlog as a head start
+    each round, ahead of the tier above."""
+    clock = FakeClock()
+    policy = FairSharePolicy(tiers={"bulk": -1}, quantum=16, start_lines=32)
+    big = batch("big", "b", remaining=1_000_000)
+    assert shares(plan(policy, [big], 64, clock())) == {"big": 64}
+    new = batch("n1", "bulk", remaining=1_000, started=False, order=1)
+    assert policy.lineup([big, new], clock(), backlog=600).head_start_lines == 32
+
+
+def test_a_joining_projects_share_leaves_other_new_batches_their_start_with_a_fake_clock() -> None:
+    """With 1,000 lines in flight and a round of 100, the joining project's share does not crowd
+    out another project's new small batch: every project's ``start_lines`` go first."""
+    clock = FakeClock()
+    policy = FairSharePolicy(quantum=16, start_lines=32)
+    big = batch("big", "b", remaining=1_000_000)
+    assert shares(plan(policy, [big], 64, clock())) == {"big": 64}
+    joining = batch("a1", "a", remaining=10_000, started=False, order=1)
+    small = batch("c1", "c", remaining=10, started=False, order=2)
+    lineup = policy.lineup([big, joining, small], clock(), backlog=1_000)
+    assert shares(policy.plan(lineup, 100)) == {"a1": 90, "c1": 10}
+
+
 def test_a_project_joining_an_idle_model_gets_start_lines_with_a_fake_clock() -> None:
     clock = FakeClock()
     policy = FairSharePolicy(start_lines=32)
