@@ -321,7 +321,7 @@ class Dispatcher:
     async def _dispatch(self, model: str, now: float) -> int:
         state = self._model(model)
         queue = self._queue(model, state, now)
-        lineup = state.policy.lineup(queue, now, state.backlog.lag)
+        lineup = state.policy.lineup(queue, now)
         # A batch not started yet gets its first lines beyond the allowance (policy.py), up to a
         # second target in the topic.
         starting = min(lineup.head_start_lines, state.backlog.head_room())

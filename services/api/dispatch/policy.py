@@ -7,12 +7,7 @@ operator orders projects. A round's budget goes, in this order:
    10 lines is wholly sent, within one round whatever is queued), but one project's new batches
    share ``start_lines`` per round between them, charged to the project's virtual time, and a
    project more than one head start ahead of its tier's lowest virtual time gets none: a project
-   sending many small batches gets no more than its share. A project of the top tier joining
-   the share gets, after every project's ``start_lines``, the rest of its weight's share of the
-   lines already in flight (``backlog``): those lines were sent before it came, and until they
-   drain its lines would otherwise reach the workers only at its share of the drain; the workers
-   give a freed place to the project with the fewest lines running, so its head start runs at
-   once, and it is charged to its virtual time like any line.
+   sending many small batches gets no more than its share.
 2. **Tiers**, which only the operator grants (``project_tiers``, default 0): a higher tier's
    projects are served before a lower tier's. Within a tier:
 3. **Batches at risk** (``QueuedBatch.at_risk``, computed by the loop with ``at_risk``): a batch
@@ -36,7 +31,6 @@ does not lower its share of another.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,21 +52,11 @@ class QueuedBatch:
 
 
 @dataclass(frozen=True)
-class HeadStart:
-    """One project's new batches that get a head start this round, and the lines they share:
-    ``lines`` first, ``extra`` once every project's ``lines`` are served (``FairSharePolicy._start``)."""
-
-    lines: int
-    extra: int
-    batches: list[QueuedBatch]
-
-
-@dataclass(frozen=True)
 class Lineup:
     """One round's queue as the policy serves it (``FairSharePolicy.lineup``)."""
 
     tiers: list[list[QueuedBatch]]  # the live batches by their project's tier, highest first
-    starting: list[HeadStart]  # the head starts, by project, in the order they are served
+    starting: list[list[QueuedBatch]]  # the new batches that get a head start, by project
     head_start_lines: int  # lines those head starts take (the loop's budget covers them always)
 
 
@@ -146,23 +130,19 @@ class FairSharePolicy:
     def tier(self, project: str) -> int:
         return self.tiers.get(project, 0)
 
-    def lineup(self, queued: Sequence[QueuedBatch], now: float, backlog: int = 0) -> Lineup:
+    def lineup(self, queued: Sequence[QueuedBatch], now: float) -> Lineup:
         """The round's queue as ``plan`` serves it: its live batches by tier (their projects
-        levelled, ``_level``) and the new batches that get a head start, with its size
-        (``_start``; ``backlog``: the model's lines in flight, sent and not yet committed by its
-        workers). Made once a round, before any line of it is charged; one ``plan`` per lineup."""
+        levelled, ``_level``) and the new batches that get a head start. Made once a round,
+        before any line of it is charged; one ``plan`` per lineup."""
         live = [b for b in queued if b.remaining > 0 and b.expires_at > now]
         tiers = self._tiers(live)
         self._level(tiers)
-        starting = [
-            HeadStart(self.start_lines, self._extra(b[0].project, tiers, backlog), b)
-            for b in self._starting(live)
-        ]
+        starting = self._starting(live)
         return Lineup(
             tiers=tiers,
             starting=starting,
             head_start_lines=sum(
-                min(sum(b.remaining for b in h.batches), h.lines + h.extra) for h in starting
+                min(sum(b.remaining for b in batches), self.start_lines) for batches in starting
             ),
         )
 
@@ -181,19 +161,6 @@ class FairSharePolicy:
             left = self._rescue(tier, granted, left)
             left = self._share(tier, granted, left)
         return [Grant(batch_id, lines) for batch_id, lines in granted.items() if lines > 0]
-
-    def _extra(self, project: str, tiers: list[list[QueuedBatch]], backlog: int) -> int:
-        """Lines beyond ``start_lines`` in a project's head start this round: for a project of
-        the top tier joining its share (one the last plan did not reach), its weight's share of
-        the ``backlog`` in flight, less ``start_lines``. A lower tier's project gets none: it
-        waits behind the higher tiers, whatever is in flight."""
-        if backlog <= 0 or project in self._reached or not tiers:
-            return 0
-        top = {b.project for b in tiers[0]}
-        if project not in top:
-            return 0
-        share = math.ceil(backlog * self.weight(project) / sum(self.weight(p) for p in top))
-        return max(0, share - self.start_lines)
 
     def _starting(self, live: list[QueuedBatch]) -> list[list[QueuedBatch]]:
         """The new batches that get a head start, one list per project (higher priority, then
@@ -217,19 +184,15 @@ class FairSharePolicy:
         order = sorted(new, key=lambda p: (-self.tier(p), self._virtual.get(p, 0.0), p))
         return [new[project] for project in order]
 
-    def _head_starts(self, starting: list[HeadStart], granted: dict[str, int], left: int) -> int:
-        """Each project's new batches share its head start, evenly (higher priority, then older,
-        first when lines are fewer than batches): every project's ``lines`` first, then the
-        ``extra`` of projects joining the share, so a small batch still starts in this round."""
-        for extra in (False, True):
-            for start in starting:
-                want = min(start.extra if extra else start.lines, left)
-                rooms = [_room(batch, granted) for batch in start.batches]
-                for batch, lines in zip(start.batches, _fill(want, rooms), strict=True):
-                    if lines > 0:
-                        granted[batch.batch_id] = granted.get(batch.batch_id, 0) + lines
-                        self._charge(batch, lines)
-                        left -= lines
+    def _head_starts(self, starting: list[list[QueuedBatch]], granted: dict[str, int], left: int) -> int:
+        """Each project's new batches share ``start_lines``, evenly (higher priority, then older,
+        first when lines are fewer than batches)."""
+        for batches in starting:
+            for batch, lines in zip(batches, _fill(min(self.start_lines, left), batches), strict=True):
+                if lines > 0:
+                    granted[batch.batch_id] = lines
+                    self._charge(batch, lines)
+                    left -= lines
         return left
 
     def _rescue(self, tier: list[QueuedBatch], granted: dict[str, int], left: int) -> int:
@@ -318,18 +281,18 @@ def _room(batch: QueuedBatch, granted: dict[str, int]) -> int:
     return batch.remaining - granted.get(batch.batch_id, 0)
 
 
-def _fill(total: int, rooms: list[int]) -> list[int]:
-    """``total`` lines split evenly between batches with ``rooms`` lines left, none above its
-    room; when lines are fewer than batches, the first batches get one each."""
-    lines = [0] * len(rooms)
-    open_ = [i for i, room in enumerate(rooms) if room > 0]
+def _fill(total: int, batches: list[QueuedBatch]) -> list[int]:
+    """``total`` lines split evenly between ``batches``, none above its remaining lines; when
+    lines are fewer than batches, the first batches get one each."""
+    lines = [0] * len(batches)
+    open_ = [i for i, b in enumerate(batches) if b.remaining > 0]
     while total > 0 and open_:
         each = max(1, total // len(open_))
         for i in list(open_):
-            take = min(each, rooms[i] - lines[i], total)
+            take = min(each, batches[i].remaining - lines[i], total)
             lines[i] += take
             total -= take
-            if lines[i] >= rooms[i]:
+            if lines[i] >= batches[i].remaining:
                 open_.remove(i)
             if total <= 0:
                 break

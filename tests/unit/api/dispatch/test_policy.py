@@ -190,58 +190,6 @@ def test_a_projects_new_batches_share_its_head_start_with_a_fake_clock() -> None
     assert policy.lineup([*news, other], clock()).head_start_lines == 0
 
 
-def test_a_project_joining_behind_a_backlog_gets_its_share_of_it_at_once_with_a_fake_clock() -> None:
-    """600 of "b"'s lines are in flight when "a"'s first batch comes: "a" starts with its weight's
-    share of them (300 at equal weights, 450 at three to one), not ``start_lines``, is charged for
-    them, and from then on gets only ``start_lines`` for a new batch while the share evens out."""
-    for weights, expected in (({}, 300), ({"a": 3.0}, 450)):
-        clock = FakeClock()
-        policy = FairSharePolicy(weights=weights, quantum=16, start_lines=32)
-        big = batch("big", "b", remaining=1_000_000)
-        assert shares(plan(policy, [big], 64, clock())) == {"big": 64}
-        first = batch("a1", "a", remaining=1_000, started=False, order=1)
-        lineup = policy.lineup([big, first], clock(), backlog=600)
-        assert lineup.head_start_lines == expected
-        assert shares(policy.plan(lineup, expected)) == {"a1": expected}
-        # "a" is reached now: a second new batch of its own gets at most ``start_lines``.
-        second = batch("a2", "a", remaining=1_000, started=False, order=2)
-        started = batch("a1", "a", remaining=1_000 - expected, order=1)
-        assert policy.lineup([big, started, second], clock(), backlog=600).head_start_lines <= 32
-        # The head start was charged: "b" is served until "a" is level again.
-        assert shares(policy.plan(policy.lineup([big, started], clock(), backlog=600), 64)) == {"big": 64}
-
-
-def test_a_lower_tier_project_gets_no_share_of_the_backlog_with_a_fake_clock() -> None:
-    """Alone in its tier, a bulk project would otherwise take the whole backlog as a head start
-    each round, ahead of the tier above."""
-    clock = FakeClock()
-    policy = FairSharePolicy(tiers={"bulk": -1}, quantum=16, start_lines=32)
-    big = batch("big", "b", remaining=1_000_000)
-    assert shares(plan(policy, [big], 64, clock())) == {"big": 64}
-    new = batch("n1", "bulk", remaining=1_000, started=False, order=1)
-    assert policy.lineup([big, new], clock(), backlog=600).head_start_lines == 32
-
-
-def test_a_joining_projects_share_leaves_other_new_batches_their_start_with_a_fake_clock() -> None:
-    """With 1,000 lines in flight and a round of 100, the joining project's share does not crowd
-    out another project's new small batch: every project's ``start_lines`` go first."""
-    clock = FakeClock()
-    policy = FairSharePolicy(quantum=16, start_lines=32)
-    big = batch("big", "b", remaining=1_000_000)
-    assert shares(plan(policy, [big], 64, clock())) == {"big": 64}
-    joining = batch("a1", "a", remaining=10_000, started=False, order=1)
-    small = batch("c1", "c", remaining=10, started=False, order=2)
-    lineup = policy.lineup([big, joining, small], clock(), backlog=1_000)
-    assert shares(policy.plan(lineup, 100)) == {"a1": 90, "c1": 10}
-
-
-def test_a_project_joining_an_idle_model_gets_start_lines_with_a_fake_clock() -> None:
-    clock = FakeClock()
-    policy = FairSharePolicy(start_lines=32)
-    first = batch("a1", "a", remaining=1_000, started=False)
-    assert policy.lineup([first], clock(), backlog=0).head_start_lines == 32
-
-
 def test_at_risk_reads_the_remaining_lines_at_the_rate_it_can_count_on() -> None:
     # 1,000 lines at 1 line/s need 1,000 s: at risk with 1,500 s left and a 600 s margin.
     assert at_risk(1000, 1.0, capacity=10.0, queued=10, time_left=1500, margin_s=600)
