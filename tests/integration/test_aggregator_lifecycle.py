@@ -487,6 +487,12 @@ async def test_a_canceled_message_batch_keeps_its_results_and_can_be_deleted(
         "wait-1": "canceled",
     }
 
+    # Between its end and the recording of its end event a delete touches nothing.
+    await mongo.batches.update_one({"_id": batch.id}, {"$set": {"end_recorded": False}})
+    with pytest.raises(anthropic.BadRequestError, match="end is being recorded"):
+        claude.messages.batches.delete(batch.id)
+    assert len(list(claude.messages.batches.results(batch.id))) == 5  # its files are all there
+    await mongo.batches.update_one({"_id": batch.id}, {"$set": {"end_recorded": True}})
     deleted = claude.messages.batches.delete(batch.id)
     assert (deleted.id, deleted.type) == (batch.id, "message_batch_deleted")
     with pytest.raises(anthropic.NotFoundError):

@@ -56,6 +56,7 @@ _CUSTOM_ID = re.compile(CUSTOM_ID_PATTERN)
 _SPOOL_BYTES = 8 * 1024 * 1024  # an input file this small is written from memory
 TOO_MANY_CREATES = "too_many_creates"
 CREATE_RETRY_AFTER_S = 1
+_END_BEING_RECORDED = "Message batch {batch_id} has just ended; its end is being recorded. Try again shortly."
 
 
 class MessageBatchService:
@@ -170,16 +171,15 @@ class MessageBatchService:
                 f"Message batch {batch_id} is still processing; cancel it before deleting it.",
                 param="message_batch_id",
             )
+        if batch.end_recorded is False:  # ended, its end event not recorded yet: touch nothing
+            raise InvalidRequest(_END_BEING_RECORDED.format(batch_id=batch_id), param="message_batch_id")
         # Its files first: an outage midway leaves the batch, and the delete can be sent again.
         for file_id in (batch.input_file_id, batch.output_file_id, batch.error_file_id):
             if file_id:
                 with contextlib.suppress(NotFound):  # already gone (deleted or expired)
                     await self.files.delete(project, file_id)
         if not await self.store.delete_ended(batch_id, project):
-            raise InvalidRequest(
-                f"Message batch {batch_id} has just ended; its end is being recorded. Try again shortly.",
-                param="message_batch_id",
-            )
+            raise InvalidRequest(_END_BEING_RECORDED.format(batch_id=batch_id), param="message_batch_id")
         self._not_run.pop(batch_id, None)
         return DeletedMessageBatch(id=batch_id)
 
