@@ -16,8 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.lifecycle import TERMINAL
 from shared.protocol.openai import BatchBase
+from shared.protocol.result_message import UNDELIVERABLE_CODE, NotRunCode
+from shared.stores.models import MODEL_NOT_FOUND
 
 ANTHROPIC_API: Final = "anthropic"
+_CANCELLED: Final[NotRunCode] = "batch_cancelled"
+_EXPIRED: Final[NotRunCode] = "batch_expired"
 """The ``api`` of a stored batch created through ``/v1/messages/batches``."""
 
 MESSAGE_BATCHES_PATH = "/v1/messages/batches"
@@ -140,7 +144,7 @@ def request_counts(batch: BatchBase, not_run: dict[str, int] | None) -> MessageB
             processing=max(counts.total - done, 0), succeeded=counts.completed, errored=counts.failed
         )
     not_run = not_run or {}
-    canceled, expired = not_run.get("batch_cancelled", 0), not_run.get("batch_expired", 0)
+    canceled, expired = not_run.get(_CANCELLED, 0), not_run.get(_EXPIRED, 0)
     return MessageBatchRequestCounts(
         succeeded=counts.completed,
         errored=max(counts.failed - canceled - expired, 0),
@@ -166,7 +170,10 @@ def message_batch(batch: BatchBase, not_run: dict[str, int] | None, results_url:
     )
 
 
-NOT_RUN_RESULTS = {"batch_cancelled": "canceled", "batch_expired": "expired"}
+NOT_RUN_RESULTS: Final[dict[str, Literal["canceled", "expired"]]] = {
+    _CANCELLED: "canceled",
+    _EXPIRED: "expired",
+}
 """A line that never ran, by its error code: its result ``type``."""
 
 
@@ -192,7 +199,7 @@ def result_line(raw: bytes) -> bytes | None:
             result = {"type": kind}
         else:
             message = (error or {}).get("message") or code or "The request failed."
-            status = 404 if code == "model_not_found" else 500 if code == "line_undeliverable" else 400
+            status = 404 if code == MODEL_NOT_FOUND else 500 if code == UNDELIVERABLE_CODE else 400
             result = {"type": "errored", "error": AnthropicErrorResponse.of(status, message).model_dump()}
     return orjson.dumps({"custom_id": line.get("custom_id"), "result": result}) + b"\n"
 

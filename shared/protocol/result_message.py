@@ -90,6 +90,9 @@ class ResponsePayload(msgspec.Struct, kw_only=True):
             self.body = raw_json(self.body)
 
 
+UNDELIVERABLE_CODE = "line_undeliverable"
+"""A line the dispatcher could not send (its message over the broker's limit, or refused)."""
+
 NotRunCode = Literal["batch_expired", "batch_cancelled"]
 NOT_RUN_MESSAGES: dict[NotRunCode, str] = {
     "batch_expired": "This request was not run: the batch expired before it could be processed.",

@@ -36,6 +36,7 @@ from shared.errors import echo
 from shared.kafka import encode
 from shared.protocol.batch_input import UTF8_BOM, parse_raw_line
 from shared.protocol.messages import LineError, RequestMessage, ResultMessage
+from shared.protocol.result_message import UNDELIVERABLE_CODE
 from shared.request_signing import RequestSigner
 from shared.settings import KafkaSettings
 from shared.stores.models import MODEL_NOT_FOUND
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 
 LOST_MESSAGE = "This request was sent {n} times and no result ever reached the batch."
 NO_MODEL = "The model {model} does not exist (no worker serves it)."
-UNDELIVERABLE_CODE = "line_undeliverable"
 UNDELIVERABLE_MESSAGE = "This request could not be sent to the model's workers: {reason}."
 OVER_LIMIT = "its message is {size} bytes, and the largest message sent is {limit} bytes"
 BROKER_REFUSED = "the broker refused it ({error})"

@@ -12,11 +12,12 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from services.api.dispatch.sender import UNDELIVERABLE_CODE, LineSender, Refused, RequestRound
+from services.api.dispatch.sender import LineSender, Refused, RequestRound
 from services.api.dispatch.state import QueuedState
 from shared.input_lines import InputLine
 from shared.kafka import decode
 from shared.protocol.messages import SamplingDefaults
+from shared.protocol.result_message import UNDELIVERABLE_CODE
 from shared.request_signing import RequestSigner
 from shared.settings import KafkaSettings
 from shared.stores.dispatcher import Position
