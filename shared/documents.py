@@ -36,6 +36,9 @@ Batch internal fields:
 - ``completion_rate``: ``[at, lines_per_s]``, the batch's lines done per second over the last
   minute (services/aggregator/completion_rate.py), written with each live counts flush (null
   until it can be told); ``public`` derives the estimated completion time from it.
+- ``not_run_counts``: ``{code: lines}``, the failed lines that never ran by their error code
+  (``batch_cancelled``, ``batch_expired``), counted by the aggregator as it writes the error file
+  (Anthropic's ``canceled`` and ``expired`` counts); null for a batch not finalized by it.
 - ``api``: the API the batch was created through and is shown by: ``openai`` (``/v1/batches``)
   or ``anthropic`` (``/v1/messages/batches``, shared/protocol/anthropic.py).
 - ``progress``: ``[at, completed, failed]`` per live counts flush, the last ``PROGRESS_SAMPLES``
@@ -99,6 +102,7 @@ class BatchDocument(StoredDocument, BatchBase):
     enqueued_at: int | None = None
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
     completion_rate: list[float] | None = None
+    not_run_counts: dict[str, int] | None = None
     api: Literal["openai", "anthropic"] = "openai"
 
     def output_files_expire_at(self) -> int | None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from shared.protocol.messages import ResultMessage, TokenUsage
+from shared.protocol.result_message import NOT_RUN_MESSAGES, NotRunCode
 from shared.seen_lines import SeenLines
 
 
@@ -48,6 +49,19 @@ def encode_chunk(results: Iterable[ResultMessage]) -> bytes:
 def parse_record(raw: bytes) -> Record:
     line, succeeded, payload = raw.rstrip(b"\n").split(b" ", 2)
     return Record(int(line), succeeded == b"1", payload)
+
+
+_NOT_RUN_NEEDLES = tuple((code, b'"code":"%s"' % code.encode()) for code in NOT_RUN_MESSAGES)
+
+
+def not_run_code(payload: bytes) -> NotRunCode | None:
+    """The code of a failed line that never ran (``NOT_RUN_MESSAGES``), else None: a byte search
+    first, then the line's ``error.code`` read to be sure (a response body may quote any text)."""
+    for code, needle in _NOT_RUN_NEEDLES:
+        if needle in payload:
+            error = json.loads(payload).get("error") or {}
+            return code if error.get("code") == code else None
+    return None
 
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")

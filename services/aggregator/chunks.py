@@ -10,11 +10,12 @@ import heapq
 import itertools
 import resource
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from shared.result_chunks import Record, encode_chunk, encode_record, parse_record
+from shared.protocol.result_message import NOT_RUN_MESSAGES
+from shared.result_chunks import Record, encode_chunk, encode_record, not_run_code, parse_record
 
 __all__ = ["Record", "encode_chunk", "encode_record", "merge_and_split", "parse_record"]
 
@@ -83,6 +84,8 @@ class SplitResult:
     failed: int = 0
     output_bytes: int = 0
     error_bytes: int = 0
+    not_run: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NOT_RUN_MESSAGES, 0))
+    """The failed lines that never ran, by their error code (``batch_cancelled``, ``batch_expired``)."""
 
 
 def merge_and_split(paths: Sequence[Path], work_dir: Path, output: Path, errors: Path) -> SplitResult:
@@ -100,4 +103,6 @@ def merge_and_split(paths: Sequence[Path], work_dir: Path, output: Path, errors:
                 err.write(data)
                 result.failed += 1
                 result.error_bytes += len(data)
+                if (code := not_run_code(record.payload)) is not None:
+                    result.not_run[code] += 1
     return result

@@ -228,6 +228,7 @@ class Finalizer:
             "error_file_id": error_id,
             "request_counts": {"completed": split.completed, "failed": split.failed},
             "usage_by_model": usage_by_model,
+            "not_run_counts": split.not_run,
         }
 
     async def _write_fill(self, batch_id: str, fill: Fill, work: Path) -> Path | None:

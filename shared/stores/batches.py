@@ -181,6 +181,7 @@ class BatchStore:
         request_counts: Mapping[str, int],
         usage: Mapping[str, Any],
         usage_by_model: Mapping[str, Any] | None = None,
+        not_run_counts: Mapping[str, int] | None = None,
     ) -> bool:
         """-> a terminal status, with the output and error files and the final counts (and a
         mixed batch's usage per model)."""
@@ -194,6 +195,8 @@ class BatchStore:
         }
         if usage_by_model is not None:
             fields["usage_by_model"] = dict(usage_by_model)
+        if not_run_counts is not None:
+            fields["not_run_counts"] = dict(not_run_counts)
         return await self._move(batch_id, status, fields)
 
     # ---------------------------------------------------------------- other writes

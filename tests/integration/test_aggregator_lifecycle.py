@@ -480,6 +480,8 @@ async def test_a_canceled_message_batch_keeps_its_results_and_can_be_deleted(
     done = wait_ended(claude, batch.id, CANCEL_TIMEOUT_S + 30)
     counts = done.request_counts
     assert (counts.succeeded, counts.canceled, counts.errored, counts.processing) == (3, 2, 0, 0)
+    stored = await mongo.batches.find_one({"_id": batch.id})  # counted once, at finalize
+    assert stored is not None and stored["not_run_counts"] == {"batch_cancelled": 2, "batch_expired": 0}
     results = {r.custom_id: r.result.type for r in claude.messages.batches.results(batch.id)}
     assert results == {
         **dict.fromkeys([f"run-{n}" for n in range(3)], "succeeded"),

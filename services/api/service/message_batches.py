@@ -204,7 +204,10 @@ class MessageBatchService:
                     yield line
 
     async def _not_run_counts(self, batch: BatchDocument) -> dict[str, int]:
-        """How many of an ended batch's lines never ran, by code (read from its error file once)."""
+        """How many of an ended batch's lines never ran, by code: as finalize counted them, or for a
+        batch without those counts, read from its error file once."""
+        if batch.not_run_counts is not None:
+            return batch.not_run_counts
         cached = self._not_run.get(batch.id)
         if cached is not None:
             return cached

@@ -15,7 +15,8 @@ from services.aggregator.chunks import (
     parse_record,
     read_records,
 )
-from shared.protocol.messages import ResponsePayload, ResultMessage
+from shared.protocol.messages import LineError, ResponsePayload, ResultMessage
+from shared.protocol.result_message import NotRunCode
 
 
 def result(line: int, status: int = 200, tag: str = "") -> ResultMessage:
@@ -67,6 +68,33 @@ def test_merge_and_split_with_duplicates_across_chunks(tmp_path: Path) -> None:
     ]
     assert [json.loads(x)["custom_id"] for x in err.read_bytes().splitlines()] == ["c4", "c7"]
     assert split.output_bytes == out.stat().st_size and split.error_bytes == err.stat().st_size
+
+
+def test_the_split_counts_the_lines_that_never_ran_by_code(tmp_path: Path) -> None:
+    def never_ran(line: int, code: NotRunCode) -> ResultMessage:
+        base = result(line)
+        return ResultMessage(
+            request_id=base.request_id,
+            custom_id=base.custom_id,
+            batch_id=base.batch_id,
+            line=line,
+            error=LineError.not_run(code),
+        )
+
+    quoting = ResultMessage(  # a failed response whose body quotes a not-run code: it ran
+        request_id="r9",
+        custom_id="c9",
+        batch_id="batch_1",
+        line=9,
+        response=ResponsePayload(status_code=400, request_id="r9", body={"error": {"code": "batch_expired"}}),
+    )
+    results = [result(1), never_ran(2, "batch_cancelled"), never_ran(3, "batch_cancelled")]
+    results += [never_ran(4, "batch_expired"), result(5, 400), quoting]
+    chunk = tmp_path / "c0"
+    chunk.write_bytes(encode_chunk(results))
+    split = merge_and_split([chunk], tmp_path, tmp_path / "out.jsonl", tmp_path / "err.jsonl")
+    assert (split.completed, split.failed) == (1, 5)
+    assert split.not_run == {"batch_cancelled": 2, "batch_expired": 1}
 
 
 def test_merge_in_passes_when_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

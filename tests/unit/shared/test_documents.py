@@ -53,6 +53,7 @@ STORED_BATCH_FIELDS = {
     "end_recorded",
     "api",
     "completion_rate",
+    "not_run_counts",
 }
 STORED_FILE_FIELDS = {
     "_id",
