@@ -25,6 +25,7 @@ from tests.support.stacks import OwnStack, session_model
 from tests.support.vllm_server import VllmServer, vllm_serve
 
 UNSERVED_MODEL = "unserved-model"
+SESSION_CANCEL_TIMEOUT_S = 5
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +36,9 @@ def stack(stand_ins: Stack) -> Iterator[Stack]:
     if python:
         stand_ins.inference_python = python
     services = ["api", "aggregator", model.component]
+    # A cancelled batch's lines that no worker answers are filled in after this (the default is
+    # a minute): the tests that cancel a batch on a model no worker serves end within seconds.
+    stand_ins.extra_env["BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S"] = str(SESSION_CANCEL_TIMEOUT_S)
     try:
         stand_ins.provision()
         stand_ins.start(services)

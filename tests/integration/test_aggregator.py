@@ -39,6 +39,8 @@ from tests.support.metrics import metric_value
 from tests.support.stacks import FAKE_STACK_ENV, OwnStack
 from tests.support.waiting import eventually, wait_stored_status
 
+# A stalled worker exits this long after reporting it: time for a test to read /health and the metric.
+STALL_EXIT_DELAY_S = "6"
 AGGREGATOR_ENV = {
     "BATCHSTREAM_LOG_LEVEL": os.environ.get("AGGREGATOR_TEST_LOG_LEVEL", "INFO"),
     **FAKE_STACK_ENV,
@@ -456,7 +458,10 @@ async def test_stall_watchdog_reports_and_exits(agg_stack: Stack, clients: Clien
     proc = await asyncio.to_thread(
         spawn_aggregator,
         agg_stack,
-        {"BATCHSTREAM_AGGREGATOR_STALL_TIMEOUT_S": "0", "BATCHSTREAM_AGGREGATOR_STALL_EXIT_DELAY_S": "15"},
+        {
+            "BATCHSTREAM_AGGREGATOR_STALL_TIMEOUT_S": "0",
+            "BATCHSTREAM_AGGREGATOR_STALL_EXIT_DELAY_S": STALL_EXIT_DELAY_S,
+        },
     )
     publisher = asyncio.create_task(trickle())
     try:
@@ -513,7 +518,7 @@ async def test_stall_during_table_recovery_is_reported_and_exits(agg_stack: Stac
         {
             "BATCHSTREAM_AGGREGATOR_APP_ID": app_id,
             "BATCHSTREAM_AGGREGATOR_STALL_TIMEOUT_S": "0",
-            "BATCHSTREAM_AGGREGATOR_STALL_EXIT_DELAY_S": "15",
+            "BATCHSTREAM_AGGREGATOR_STALL_EXIT_DELAY_S": STALL_EXIT_DELAY_S,
         },
     )
     try:
