@@ -33,6 +33,27 @@ def inference_group(settings: KafkaSettings, model: str) -> str:
     return f"{settings.topic_prefix}batchstream-inference-{model_slug(model)}"
 
 
+_DONE_PAST = "done-past-commit="
+
+
+def commit_metadata(done_past: int) -> str:
+    """The metadata an inference worker commits with a requests partition's offset: how many of
+    the partition's lines past that offset it has finished. A worker commits a partition only up
+    to its oldest line still in flight, and it runs lines out of offset order (a project's fair
+    share, a young batch first), so lines done past the commit are common; the dispatcher reads
+    this count with the offsets and does not meter them as queued. Standard Kafka (OffsetCommit
+    metadata); a broker that does not keep it answers "" and the count is 0."""
+    return f"{_DONE_PAST}{done_past}"
+
+
+def done_past_commit(metadata: str | None) -> int:
+    """The count ``commit_metadata`` wrote, or 0 (no metadata, another writer's, malformed)."""
+    if not metadata or not metadata.startswith(_DONE_PAST):
+        return 0
+    count = metadata[len(_DONE_PAST) :]
+    return int(count) if count.isdigit() else 0
+
+
 def dead_letters_topic(settings: KafkaSettings) -> str:
     """Where a worker puts a request message it does not run or cannot answer, with the reason
     (``shared.protocol.messages.DeadLetter``)."""

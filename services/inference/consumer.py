@@ -32,6 +32,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
 
 from services.inference import metrics
 from services.inference.handler import RequestHandler
@@ -46,7 +47,7 @@ from shared.protocol.messages import (
     LineError,
 )
 from shared.settings import AggregatorSettings, KafkaSettings
-from shared.topics import dead_letters_topic, inference_group, requests_topic, results_topic
+from shared.topics import commit_metadata, dead_letters_topic, inference_group, requests_topic, results_topic
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +346,12 @@ class RequestConsumer:
         if not offsets:
             return
         try:
-            await self.consumer.commit(offsets)
+            await self.consumer.commit(
+                {
+                    tp: OffsetAndMetadata(offset, commit_metadata(done))
+                    for tp, (offset, done) in offsets.items()
+                }
+            )
         except (CommitFailedError, KafkaError) as exc:
             # Typically a rebalance in progress; the work is redone by the next owner.
             log.warning("commit failed: %s", exc, extra={"offsets": _show(offsets)})
@@ -385,5 +391,5 @@ class RequestConsumer:
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _show(offsets: dict[TopicPartition, int]) -> dict[str, int]:
+def _show(offsets: dict[TopicPartition, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     return {f"{tp.topic}[{tp.partition}]": offset for tp, offset in offsets.items()}

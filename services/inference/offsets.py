@@ -1,7 +1,9 @@
 """Which offset each partition may commit when requests finish out of order.
 
 A partition commits up to its lowest offset still in flight: everything below it is finished.
-With nothing in flight it commits the offset after the last one started. Pure bookkeeping, no I/O.
+With nothing in flight it commits the offset after the last one started. The lines past that
+offset already finished are counted too (``done_past``: committed as the offset's metadata, so the
+dispatcher does not count them as waiting). Pure bookkeeping, no I/O.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class OffsetTracker(Generic[P]):
         self._in_flight: dict[P, set[int]] = {}
         self._next: dict[P, int] = {}
         self._committed: dict[P, int] = {}
+        self._reported: dict[P, int] = {}  # done_past as last committed
         self._epoch: dict[P, int] = {}
 
     def start(self, partition: P, offset: int) -> int:
@@ -47,19 +50,34 @@ class OffsetTracker(Generic[P]):
         pending = self._in_flight.get(partition)
         return min(pending) if pending else self._next[partition]
 
-    def to_commit(self, partitions: Iterable[P] | None = None) -> dict[P, int]:
-        """Committable offsets that moved past the last commit."""
+    def done_past(self, partition: P) -> int:
+        """Lines started past the committable offset that are finished (every offset from it to
+        the last one started was started: a partition is read in order)."""
+        pending = self._in_flight.get(partition)
+        if not pending:
+            return 0
+        return self._next[partition] - min(pending) - len(pending)
+
+    def to_commit(self, partitions: Iterable[P] | None = None) -> dict[P, tuple[int, int]]:
+        """``(offset, done_past)`` of the partitions whose committable offset moved past the last
+        commit, or whose count of lines done past it changed."""
         chosen = self._next.keys() if partitions is None else partitions
-        offsets: dict[P, int] = {}
+        offsets: dict[P, tuple[int, int]] = {}
         for partition in list(chosen):
             offset = self.committable(partition)
-            if offset is not None and offset > self._committed.get(partition, -1):
-                offsets[partition] = offset
+            if offset is None:
+                continue
+            done = self.done_past(partition)
+            last = self._committed.get(partition, -1)
+            if offset > last or (offset == last and done != self._reported.get(partition, 0)):
+                offsets[partition] = (offset, done)
         return offsets
 
-    def committed(self, offsets: dict[P, int]) -> None:
-        for partition, offset in offsets.items():
-            self._committed[partition] = max(self._committed.get(partition, -1), offset)
+    def committed(self, offsets: dict[P, tuple[int, int]]) -> None:
+        for partition, (offset, done) in offsets.items():
+            if offset >= self._committed.get(partition, -1):
+                self._committed[partition] = offset
+                self._reported[partition] = done
 
     def forget(self, partitions: Iterable[P]) -> None:
         """Drop all bookkeeping of partitions no longer owned; bump their epochs."""
@@ -67,4 +85,5 @@ class OffsetTracker(Generic[P]):
             self._in_flight.pop(partition, None)
             self._next.pop(partition, None)
             self._committed.pop(partition, None)
+            self._reported.pop(partition, None)
             self._epoch[partition] = self._epoch.get(partition, 0) + 1

@@ -302,12 +302,16 @@ class Dispatcher:
             state.partitions = len(await self.producer.partitions_for(state.topic) or ()) or 1
         group = inference_group(self.kafka, model)
         try:
-            committed, members = await self.probe.read(group, state.topic, state.partitions)
+            reading = await self.probe.read(group, state.topic, state.partitions)
         except Exception as exc:
             log.warning("reading the group's offsets failed: %s", exc, extra={"model": model})
             return
-        state.book.committed(committed, now)
-        state.backlog.observe(committed, members, now, waiting, state.book.answered_by_partition())
+        state.book.committed(reading.committed, now)
+        # Lines done past the commit: as the workers count them (fresh with each commit), or as
+        # the aggregator has them (every journey check) where the broker keeps no commit metadata.
+        answered = state.book.answered_by_partition()
+        done = {p: max(n, answered.get(p, 0)) for p, n in reading.done_past.items()}
+        state.backlog.observe(reading.committed, reading.members, now, waiting, {**answered, **done})
         metrics.TOPIC_BACKLOG.labels(model).set(state.backlog.lag)
         metrics.TARGET_BACKLOG.labels(model).set(state.backlog.target)
 

@@ -29,9 +29,12 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+
+from shared.topics import done_past_commit
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +157,12 @@ COORDINATOR_EVERY_S = 30.0  # find the group's coordinator again at least this o
 NOT_COORDINATOR_ERRORS = {14, 15, 16}  # load in progress, not available, not coordinator
 
 
+class GroupReading(NamedTuple):
+    committed: dict[int, int]  # partition -> the group's committed offset
+    done_past: dict[int, int]  # partition -> lines its worker finished past it (``commit_metadata``)
+    members: int
+
+
 class GroupProbe:
     """Reads a consumer group's committed offsets and member count with one admin client.
 
@@ -171,8 +180,9 @@ class GroupProbe:
         self._members: dict[str, tuple[float, int]] = {}  # group -> (read at, members)
         self._coordinators: dict[str, tuple[float, int]] = {}  # group -> (found at, node id)
 
-    async def read(self, group: str, topic: str, partitions: int) -> tuple[dict[int, int], int]:
-        """Committed offsets of ``topic``'s partitions (named: Tansu misreads "all") and members."""
+    async def read(self, group: str, topic: str, partitions: int) -> GroupReading:
+        """Committed offsets of ``topic``'s partitions (named, not "all": one server answers
+        that wrongly), the lines done past each (the commit's metadata), and the members."""
         if not self._started:
             await self._admin.start()
             self._started = True
@@ -185,12 +195,12 @@ class GroupProbe:
             raise
         if any(tp not in offsets for tp in wanted):  # every partition named is answered, or none
             self._coordinators.pop(group, None)
-        committed = {
-            tp.partition: meta.offset
-            for tp, meta in offsets.items()
-            if tp.topic == topic and meta.offset >= 0
-        }
-        return committed, await self._members_cached(group)
+        ours = {tp.partition: meta for tp, meta in offsets.items() if tp.topic == topic and meta.offset >= 0}
+        return GroupReading(
+            committed={p: meta.offset for p, meta in ours.items()},
+            done_past={p: done for p, meta in ours.items() if (done := done_past_commit(meta.metadata))},
+            members=await self._members_cached(group),
+        )
 
     async def _coordinator(self, group: str) -> int:
         now = time.monotonic()

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from services.inference.consumer import RequestConsumer
 from services.inference.fake_engine import FakeEngine
@@ -62,8 +62,8 @@ class FakeConsumer:
         self.handed_out = len(taken)
         return {PARTITION: taken}
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        self.committed.update(offsets)
+    async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        self.committed.update({tp: meta.offset for tp, meta in offsets.items()})
         if not self.records and self.committed.get(PARTITION, 0) >= self.handed_out:
             self.all_committed.set()
 

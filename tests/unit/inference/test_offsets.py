@@ -17,6 +17,7 @@ def test_out_of_order_completion_commits_only_the_contiguous_prefix() -> None:
     tracker.finish(P0, 12, epochs[12])
     tracker.finish(P0, 13, epochs[13])
     assert tracker.committable(P0) == 10  # 10 still runs: nothing past it is safe
+    assert tracker.done_past(P0) == 2  # but 12 and 13 are done: the dispatcher is told so
     tracker.finish(P0, 10, epochs[10])
     assert tracker.committable(P0) == 11
     tracker.finish(P0, 11, epochs[11])
@@ -28,7 +29,7 @@ def test_partitions_are_independent() -> None:
     a = tracker.start(P0, 0)
     tracker.start(P1, 5)
     tracker.finish(P0, 0, a)
-    assert tracker.to_commit() == {P0: 1, P1: 5}
+    assert tracker.to_commit() == {P0: (1, 0), P1: (5, 0)}
     assert tracker.in_flight() == 1 and tracker.in_flight(P1) == 1
 
 
@@ -36,7 +37,7 @@ def test_to_commit_skips_offsets_already_committed() -> None:
     tracker: OffsetTracker[tuple[str, int]] = OffsetTracker()
     tracker.finish(P0, 0, tracker.start(P0, 0))
     offsets = tracker.to_commit()
-    assert offsets == {P0: 1}
+    assert offsets == {P0: (1, 0)}
     tracker.committed(offsets)
     assert tracker.to_commit() == {}
     tracker.start(P0, 1)
@@ -55,3 +56,17 @@ def test_forget_drops_partition_and_ignores_late_finishes() -> None:
     assert tracker.committable(P0) == 7
     tracker.finish(P0, 7, fresh)
     assert tracker.committable(P0) == 8
+
+
+def test_lines_done_past_the_commit_are_committed_as_they_change() -> None:
+    tracker: OffsetTracker[tuple[str, int]] = OffsetTracker()
+    epochs = {offset: tracker.start(P0, offset) for offset in range(5)}
+    tracker.finish(P0, 3, epochs[3])
+    offsets = tracker.to_commit()
+    assert offsets == {P0: (0, 1)}  # 0 runs; 3 is done past it
+    tracker.committed(offsets)
+    assert tracker.to_commit() == {}  # nothing changed since
+    tracker.finish(P0, 1, epochs[1])
+    assert tracker.to_commit() == {P0: (0, 2)}  # the same offset, one more line done past it
+    tracker.finish(P0, 0, epochs[0])
+    assert tracker.to_commit() == {P0: (2, 1)}  # 0 and 1 done: 2 runs, 3 done past it

@@ -15,6 +15,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from services.api.dispatch.meter import GroupProbe
+from shared.topics import commit_metadata
 
 NOT_COORDINATOR = 16
 
@@ -30,6 +31,7 @@ class FakeAdminClient:
     finds: int = 0
     asked: list[int | None] = field(default_factory=list)
     fail_next: bool = False
+    metadata: str = ""  # what the workers committed with the offsets
 
     async def start(self) -> None: ...
 
@@ -48,7 +50,7 @@ class FakeAdminClient:
             raise ConnectionError("the node went away")
         if coordinator != self.coordinator:
             return {}
-        return {tp: OffsetAndMetadata(self.committed, "") for tp in partitions}
+        return {tp: OffsetAndMetadata(self.committed, self.metadata) for tp in partitions}
 
     async def describe_consumer_groups(self, groups: list[str], group_coordinator_id: int | None) -> Any:
         error = 0 if group_coordinator_id == self.coordinator else NOT_COORDINATOR
@@ -66,7 +68,7 @@ async def probe_and_fake() -> tuple[GroupProbe, FakeAdminClient]:
 async def test_the_coordinator_is_found_once_and_kept(probe_and_fake: Any) -> None:
     probe, fake = probe_and_fake
     for _ in range(5):
-        committed, members = await probe.read("g", "t", 2)
+        committed, _, members = await probe.read("g", "t", 2)
         assert committed == {0: 10, 1: 10} and members == 2
     assert fake.finds == 1 and fake.asked == [1] * 5
 
@@ -75,9 +77,9 @@ async def test_a_coordinator_that_moved_is_found_again_and_the_members_kept(prob
     probe, fake = probe_and_fake
     await probe.read("g", "t", 2)
     fake.coordinator, fake.committed = 2, 20  # a broker restarted: the group moved to node 2
-    committed, members = await probe.read("g", "t", 2)  # node 1 answers nothing
+    committed, _, members = await probe.read("g", "t", 2)  # node 1 answers nothing
     assert committed == {} and members == 2
-    committed, _ = await probe.read("g", "t", 2)
+    committed, _, _ = await probe.read("g", "t", 2)
     assert committed == {0: 20, 1: 20} and fake.finds == 2 and fake.asked[-1] == 2
 
 
@@ -89,3 +91,13 @@ async def test_a_failed_read_finds_the_coordinator_again(probe_and_fake: Any) ->
         await probe.read("g", "t", 1)
     await probe.read("g", "t", 1)
     assert fake.finds == 2
+
+
+async def test_the_lines_done_past_each_commit_are_read_from_its_metadata(probe_and_fake: Any) -> None:
+    probe, fake = probe_and_fake
+    assert (await probe.read("g", "t", 2)).done_past == {}  # a broker that keeps none: 0
+    fake.metadata = commit_metadata(7)
+    reading = await probe.read("g", "t", 2)
+    assert reading.committed == {0: 10, 1: 10} and reading.done_past == {0: 7, 1: 7}
+    fake.metadata = "another writer's note"
+    assert (await probe.read("g", "t", 2)).done_past == {}
