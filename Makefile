@@ -180,6 +180,13 @@ check-deploy: $(VENV_CHECK)/.lock-installed
 	$(VENV_CHECK)/bin/python -c 'import sys, yaml; [yaml.safe_load(open(f)) for f in sys.argv[1:]]' \
 		deploy/prometheus/prometheus.yml deploy/grafana/provisioning/*/*.yaml
 
+# The modules that also run with a JuiceFS gateway as the S3 server (docs/testing.md), after the
+# whole suite on SeaweedFS: the object store's own calls, files and batches through the api's
+# services, and a batch finalized by the aggregator (output and error files, chunks removed).
+JUICEFS_TESTS ?= tests/integration/api/test_local_copies.py tests/integration/test_batch_processing.py \
+	tests/integration/test_webhook_store.py \
+	tests/integration/test_aggregator.py::test_batch_completes_with_exact_counts_and_files
+
 test: venvs $(TINY_DIR)/$(MARKER) $(TINY_DIR)-demo/$(MARKER) $(CROSS_DIR)/$(MARKER) $(CHROMIUM) lint check-deploy
 	BATCHSTREAM_TEST_INFERENCE_PYTHON=$(CURDIR)/$(PY_INF) \
 	BATCHSTREAM_TEST_MODEL_DIR=$(CURDIR)/$(TINY_DIR) \
@@ -187,6 +194,7 @@ test: venvs $(TINY_DIR)/$(MARKER) $(TINY_DIR)-demo/$(MARKER) $(CROSS_DIR)/$(MARK
 	BATCHSTREAM_TEST_CROSS_MODEL_DIR=$(CURDIR)/$(CROSS_DIR) \
 	BATCHSTREAM_TEST_CHROMIUM=$(CHROMIUM) \
 		$(PY) -m pytest -q -m "not load" --durations=25
+	BATCHSTREAM_TEST_OBJECT_STORE=juicefs $(PY) -m pytest -q $(JUICEFS_TESTS)
 
 # The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).
 test-load: venvs

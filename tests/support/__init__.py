@@ -13,6 +13,8 @@
   ``aggregator_processing`` and ``FAKE_STACK_ENV`` (a fake-engine stack's settings).
 - ``real_servers``: the session's servers, the stand-ins or (``BATCHSTREAM_TEST_SERVERS``)
   testcontainers.
+- ``object_stores``: the session's S3 server, SeaweedFS or (``BATCHSTREAM_TEST_OBJECT_STORE``)
+  a JuiceFS gateway, and ``juicefs_gateway`` (one of a caller's own).
 - ``fresh_kafka``: Kafka settings under a topic prefix of a test's own, the topics created.
 - ``fresh_mongo``: a MongoDB database of a test module's own, dropped afterwards.
 - ``metrics``: one value from a Prometheus ``/metrics`` page (``metric_value``).
@@ -22,7 +24,7 @@
   commits its requests topic and records the order the dispatcher sent lines in.
 - ``fakes``: ``FakeClock`` and ``FakeResultsView`` for unit tests.
 
-The modules the unit tests import (``waiting``, ``fakes``, ``real_servers``) need no running server
-and import testcontainers only when the real servers are asked for: ``tests/unit`` runs without
-the stand-ins.
+The modules the unit tests import (``waiting``, ``fakes``, ``real_servers``, ``object_stores``)
+need no running server and import testcontainers only when the real servers are asked for:
+``tests/unit`` runs without the stand-ins.
 """

@@ -4,7 +4,8 @@
 production uses (the images docker-compose.yml pins), started in Docker by testcontainers and
 published on 127.0.0.1 (a local Docker engine). Where no Docker engine answers (as on the build
 machines), or testcontainers cannot start them, the suite falls back to the stand-ins (Tansu,
-SecantusDB, SeaweedFS) and says why once. Unset, or ``stand-ins``: the stand-ins.
+SecantusDB, SeaweedFS) and says why once. Unset, or ``stand-ins``: the stand-ins, with SeaweedFS
+or a JuiceFS gateway as the S3 server (``object_stores``: ``BATCHSTREAM_TEST_OBJECT_STORE``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from deploy.local import STAND_INS, Stack
+from deploy.local import Stack
+from tests.support.object_stores import session_object_store
 
 SWITCH = "BATCHSTREAM_TEST_SERVERS"
 TESTCONTAINERS = "testcontainers"
@@ -80,8 +82,9 @@ def servers_for_tests(stack: Stack, environ: dict[str, str] | None = None) -> It
             except FallbackToStandIns as exc:
                 problem = str(exc)
         warnings.warn(f"{SWITCH}=testcontainers: {problem}; using the stand-ins", stacklevel=3)
-    stack.start(STAND_INS)
-    yield stack
+    with session_object_store(stack, environ) as stand_ins:  # SeaweedFS, or JuiceFS (its switch)
+        stack.start(stand_ins)
+        yield stack
 
 
 @contextlib.contextmanager
