@@ -3,9 +3,12 @@
 The backlog is measured without ListOffsets LATEST (the stand-in broker answers it wrongly for
 multi-record batches, and it would cost a request per partition): the end of each partition is
 the highest offset our own sends were acknowledged at, plus one, and the consumed side is the
-inference group's committed offset, less our lines past it that already have a result (a worker
-commits a partition only up to its oldest line still running: behind one long line, every line
-done after it would count as waiting, and the target would hold the workers dry until it ended).
+inference group's committed offset, less the lines past it already done (a worker commits a
+partition only up to its oldest line in flight and runs lines out of offset order: behind one
+long or waiting line, every line done after it would count as waiting, and the target would hold
+the workers dry). Those are counted by the worker itself (its commit's metadata,
+``shared.topics.commit_metadata``), or, on a broker that keeps no commit metadata, are our lines
+the aggregator has a result of (the loop passes both; the larger count stands).
 Lines of direct-Kafka pipelines sent before our last send count too; lines sent after it are
 seen at our next send.
 
