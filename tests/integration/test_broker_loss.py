@@ -15,6 +15,7 @@ from openai import OpenAI
 from deploy.local import STAND_INS, ModelSpec, Stack, free_ports, up
 from deploy.local.probes import metric_value
 from tests.support.lines import chat_request, jsonl, read_lines
+from tests.support.real_servers import requested_broker
 from tests.support.waiting import wait_status, wait_terminal, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -28,6 +29,7 @@ def fake_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ports=free_ports(),
         models=[ModelSpec("", MODEL, engine="fake")],
         environment="test",
+        broker=requested_broker(),
         # The fake engine answers after 4 ms per max_tokens: a line can be made to last.
         extra_env={"BATCHSTREAM_INFERENCE_FAKE_SECONDS_PER_TOKEN": "0.004"},
     )

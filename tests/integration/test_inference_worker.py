@@ -28,7 +28,7 @@ from shared.protocol.messages import ControlMessage, RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import control_topic, requests_topic
 from tests.support.fresh_kafka import fresh_kafka
-from tests.support.private_servers import private_tansu
+from tests.support.private_servers import private_broker
 from tests.support.signing import api_headers
 
 MODEL = "fake-model"
@@ -37,7 +37,7 @@ MODEL = "fake-model"
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
     port = free_port()
-    with private_tansu(port):
+    with private_broker(port):
         yield f"127.0.0.1:{port}"
 
 
