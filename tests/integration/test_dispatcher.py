@@ -63,6 +63,10 @@ def dispatch_stack(own_stack: OwnStack) -> Iterator[Stack]:
             "BATCHSTREAM_INFERENCE_GROUP_ID": "a-group-of-its-own",
         },
     ) as stack:
+        # The ghost model's topic exists before a RequestRecorder subscribes to it: a broker that
+        # creates a topic a consumer asks for makes it with its own partition count (1 on noida-db
+        # and on Apache Kafka by default), and a one-partition topic routes nothing.
+        stack.provision([GHOST_MODEL])
         yield stack
 
 
