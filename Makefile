@@ -187,6 +187,8 @@ test: venvs $(TINY_DIR)/$(MARKER) $(TINY_DIR)-demo/$(MARKER) $(CROSS_DIR)/$(MARK
 	BATCHSTREAM_TEST_CROSS_MODEL_DIR=$(CURDIR)/$(CROSS_DIR) \
 	BATCHSTREAM_TEST_CHROMIUM=$(CHROMIUM) \
 		$(PY) -m pytest -q -m "not load" --durations=25
+	@# The same Kafka semantics on a second broker (docs/testing.md): ~1 min.
+	BATCHSTREAM_TEST_BROKER=noida $(PY) -m pytest -q -m "second_broker and not load" tests/integration
 
 # The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).
 test-load: venvs

@@ -284,6 +284,7 @@ async def test_an_idle_dispatcher_rests_between_rounds(dispatch_stack: Stack, cl
     assert 0 < rounds <= 15 * window_s, f"{rounds:.0f} rounds in {window_s} s"
 
 
+@pytest.mark.second_broker
 async def test_the_dispatcher_meters_the_group_its_workers_joined(client: AsyncOpenAI) -> None:
     """The stack has a topic prefix (which names the workers' group) and a worker-side group
     setting (which must name nothing). A dispatcher that meters a group no worker joined sees no
