@@ -69,3 +69,10 @@ def test_a_tansu_stack_keeps_its_broker_in_memory(tmp_path: Path) -> None:
     assert kafka.argv[-2:] == ["--storage-engine", "memory://tansu/"]
     assert "tcp://127.0.0.1:29092" in kafka.argv
     assert kafka.prepare is None
+
+
+def test_make_up_s_broker_option_picks_the_broker_and_refuses_others(tmp_path: Path) -> None:
+    assert build_stack(tmp_path).broker == "tansu"
+    assert build_stack(tmp_path, broker="noida").broker == "noida"
+    with pytest.raises(typer.BadParameter, match="tansu, noida"):
+        build_stack(tmp_path, broker="kafka")
