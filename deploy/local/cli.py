@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from deploy.local import supervisor
-from deploy.local.catalogue import ModelSpec
+from deploy.local.catalogue import BROKERS, Broker, ModelSpec
 from deploy.local.ports import Ports
 from deploy.local.stack import DEFAULT_STATE_DIR, Stack
 
@@ -55,10 +55,11 @@ def build_stack(
     engine: str = "vllm",
     remote: list[str] | None = None,
     adapters: list[str] | None = None,
+    broker: str = "tansu",
 ) -> Stack:
     """The stack a command works on: its state dir, ports, models (each on ``engine``), the
     models forwarded to servers (``remote``: ``NAME=URL``), and LoRA adapters (``adapters``:
-    ``NAME=DIR``, each served by the first model)."""
+    ``NAME=DIR``, each served by the first model) and its Kafka broker (``broker``)."""
     specs = [dataclasses.replace(ModelSpec.parse(m), engine=engine) for m in models or []]
     try:
         specs += [ModelSpec.parse_remote(r) for r in remote or []]
@@ -68,10 +69,17 @@ def build_stack(
             specs[0] = specs[0].with_adapter(adapter)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    stack = Stack(state_dir, ports=ports(port), models=specs)
+    stack = Stack(state_dir, ports=ports(port), models=specs, broker=_broker(broker))
     if inference_python:
         stack.inference_python = inference_python
     return stack
+
+
+def _broker(name: str) -> Broker:
+    for broker in BROKERS:
+        if name == broker:
+            return broker
+    raise typer.BadParameter(f"{name!r}: the broker is one of {', '.join(BROKERS)}")
 
 
 @app.command()
@@ -101,11 +109,18 @@ def up(
             metavar="NAME=DIR", help="A LoRA adapter the first model serves beside it (repeatable)."
         ),
     ] = None,
+    broker: Annotated[
+        str,
+        typer.Option(
+            help="The Kafka broker: tansu (memory only) or noida (noida-db, data kept in the state "
+            "dir). Used when the broker is started; a running one is left alone."
+        ),
+    ] = "tansu",
     port: PortOption = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Start every component that is not running and healthy; return when all are healthy."""
-    stack = build_stack(state_dir, model, inference_python, port, engine, remote, adapter)
+    stack = build_stack(state_dir, model, inference_python, port, engine, remote, adapter, broker)
     raise typer.Exit(supervisor.up(stack, [s for s in services.split(",") if s]))
 
 

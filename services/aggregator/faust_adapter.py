@@ -7,8 +7,9 @@ faust changes what it works around). Measured on faust-streaming 0.15.3 with aio
 
 The workarounds:
 
-1. **Fetch wait** (``ConsumerThread``): faust hard-codes ``fetch_max_wait_ms=1500``; Tansu holds a
-   fetch for the full wait, so results arrived in bursts up to 1.5 s apart. Set from the settings.
+1. **Fetch wait** (``ConsumerThread``): faust hard-codes ``fetch_max_wait_ms=1500``; a broker that
+   holds a fetch for the full wait (Tansu) delivered results in bursts up to 1.5 s apart. Set from
+   the settings.
 2. **Commit guard and no recorded gaps** (``Consumer._new_offset``, ``Consumer._add_gap``): faust
    commits past an offset that was never acked, and records skipped offsets as broker gaps that
    it counts as acked.
@@ -255,9 +256,9 @@ class ResultsPartitions:
         assignment; ``_acked`` the offsets acked since; ``_gap`` the broker offset gaps it
         recorded (it counts them as acked; none here, see ``Consumer._add_gap``);
         ``_unacked_messages`` a weak set of the messages handed to agents (acked ones linger in
-        it). ``highwater`` is aiokafka's last fetch answer
-        (``None`` before the first one; Tansu's ListOffsets LATEST is wrong, the fetch's mark is
-        right). Canary: ``test_the_offsets_view_reads_faust_bookkeeping``.
+        it). ``highwater`` is aiokafka's last fetch answer (``None`` before the first one; every
+        broker gets the fetch's mark right, while Tansu answers ListOffsets LATEST wrongly).
+        Canary: ``test_the_offsets_view_reads_faust_bookkeeping``.
         """
         consumer = cast(Any, self._app.consumer)
         in_flight: dict[TP, list[int]] = collections.defaultdict(list)

@@ -1,10 +1,11 @@
 """Finding results that faust will never deliver again, and asking the broker for them again.
 
-Measured (faust-streaming 0.15.3, aiokafka 0.14, Tansu; ``tests/integration/test_aggregator.py``
-under CPU load): after a restart, the new worker's first offsets of a results partition never
-reached the agent. In one run 93 offsets (1349-1441) of one partition were missing: faust's
-committed offset stayed at 1349 while every offset from 1442 on was acked, so faust could never
-commit again, and the lines in between were never counted (the batch could not complete).
+Measured (faust-streaming 0.15.3, aiokafka 0.14, on Tansu, though the loss is faust's own and
+not the broker's; ``tests/integration/test_aggregator.py`` under CPU load): after a restart, the
+new worker's first offsets of a results partition never reached the agent. In one run 93 offsets
+(1349-1441) of one partition were missing: faust's committed offset stayed at 1349 while every
+offset from 1442 on was acked, so faust could never commit again, and the lines in between were
+never counted (the batch could not complete).
 
 How faust loses them: its Cython stream iterator drops a message it pulls while the app's flow
 control is suspended or the message was fetched in an older consumer generation (both happen

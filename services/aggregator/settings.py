@@ -33,8 +33,9 @@ class AggregatorConfig(AggregatorSettings):
     commit_interval_s: float = 2.8
     """faust ``broker_commit_interval``: how often acked offsets are committed."""
     producer_max_batch_size: int = 16384
-    """faust ``producer_max_batch_size``; 1 works around Tansu's wrong ListOffsets LATEST for
-    multi-record batches (table recovery), as the tests set it."""
+    """faust ``producer_max_batch_size`` (faust's default suits Kafka). 1 works around Tansu's
+    wrong ListOffsets LATEST for multi-record batches, which faust's table recovery trusts: the
+    test stacks on Tansu set it."""
     stream_buffer_maxsize: int = 20_000
     """Events faust buffers per partition before pausing its fetch; at faust's 4096 a fast
     producer made the consumer stall ~1 s between bursts."""
@@ -44,7 +45,7 @@ class AggregatorConfig(AggregatorSettings):
     """How often the results agent takes what arrived; chunks are cut from these polls
     (``ChunkCoalescer`` in intake.py)."""
     standby_replicas: int = 1
-    """faust ``table_standby_replicas`` of the batch-state table."""
+    """faust ``table_standby_replicas`` of the batch-state table (the test stacks on Tansu set 0)."""
     finalize_concurrency: int = 2
     """Batches finalized at once by one worker."""
     download_concurrency: int = 16

@@ -174,8 +174,10 @@ class InferenceSettings(BaseSettings):
     """On SIGTERM, how long in-flight requests may finish before they are aborted (and redone by
     the next owner)."""
     fetch_max_wait_ms: int = 100
-    """How long an idle fetch may wait for requests. Tansu holds a fetch this long even when
-    records arrive meanwhile (aiokafka's default, 500, delays a new batch's first lines)."""
+    """How long an idle fetch may wait for requests. Kafka answers a fetch as soon as records
+    arrive, so this only bounds an idle poll (a few empty fetches a second); Tansu, the local and
+    test broker, holds a fetch this long even when records arrive meanwhile, where aiokafka's
+    default, 500, delays a new batch's first lines."""
     commit_interval_s: float = Field(default=WORKER_COMMIT_INTERVAL_S, gt=0)
     """How often the worker commits the offsets of finished lines. The api's dispatcher counts a
     line as queued until it is committed, so a longer interval keeps the topic emptier than the

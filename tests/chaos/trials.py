@@ -47,6 +47,7 @@ from deploy.local import STAND_INS, ModelSpec, Stack, free_ports, up
 from deploy.local.processes import group_members
 from tests.support.lines import chat_request, jsonl, read_lines
 from tests.support.metrics import metric_value
+from tests.support.real_servers import requested_broker
 from tests.support.stacks import FAKE_STACK_ENV
 from tests.support.waiting import TERMINAL, wait_until
 
@@ -144,7 +145,12 @@ class ChaosStack:
             env["BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID"] = self.worker
             twin_env["BATCHSTREAM_INFERENCE_GROUP_INSTANCE_ID"] = f"{self.worker}-twin"
         self.stack = Stack(
-            state_dir / "main", ports=free_ports(), models=[model], environment="test", extra_env=env
+            state_dir / "main",
+            ports=free_ports(),
+            models=[model],
+            environment="test",
+            broker=requested_broker(),
+            extra_env=env,
         )
         # The twin: the same topics, database and group, its own health port and state dir.
         self.twin = replace(

@@ -1,4 +1,4 @@
-"""The aggregator worker against real-protocol stand-ins: Tansu (Kafka), SecantusDB, SeaweedFS.
+"""The aggregator worker against real-protocol stand-ins: Kafka (Tansu), SecantusDB, SeaweedFS.
 
 A module-scoped stack of its own on the session's stand-in servers (its own topic prefix,
 database, bucket and aggregator port) runs ``python -m services.aggregator``; the tests publish
@@ -230,6 +230,7 @@ async def test_health_and_metrics(agg_stack: Stack, aggregator: int) -> None:
         assert absent.value.code == 404, view
 
 
+@pytest.mark.second_broker
 async def test_batch_completes_with_exact_counts_and_files(
     agg_stack: Stack, clients: Clients, aggregator: int
 ) -> None:
@@ -370,6 +371,7 @@ async def test_a_batch_left_finalizing_without_state_ends_from_its_chunks(
     await eventually(chunks_deleted, 10, "chunk objects deleted")
 
 
+@pytest.mark.second_broker
 async def test_restart_mid_batch_keeps_counts_exact(
     agg_stack: Stack, clients: Clients, aggregator: int
 ) -> None:

@@ -15,6 +15,7 @@ from openai import OpenAI
 from deploy.local import STAND_INS, ModelSpec, Stack, free_ports, up
 from deploy.local.probes import metric_value
 from tests.support.lines import chat_request, jsonl, read_lines
+from tests.support.real_servers import requested_broker
 from tests.support.waiting import wait_status, wait_terminal, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -28,6 +29,7 @@ def fake_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ports=free_ports(),
         models=[ModelSpec("", MODEL, engine="fake")],
         environment="test",
+        broker=requested_broker(),
         # The fake engine answers after 4 ms per max_tokens: a line can be made to last.
         extra_env={"BATCHSTREAM_INFERENCE_FAKE_SECONDS_PER_TOKEN": "0.004"},
     )
@@ -67,6 +69,12 @@ def test_a_batch_in_flight_when_the_broker_dies_completes_after_up(fake_stack: S
     assert [line["custom_id"] for line in out] == [f"c{i}" for i in range(50)]
 
 
+@pytest.mark.skipif(
+    requested_broker() != "tansu",
+    reason="needs a broker that forgets its messages when it stops: on noida-db the restarted worker "
+    "also gets the requests still in the topic (measured: 60 lines run, not 20; the batch still "
+    "ends exact, every line once)",
+)
 def test_a_broker_loss_late_in_a_batch_runs_only_the_lines_without_a_result(fake_stack: Stack) -> None:
     client = OpenAI(base_url=fake_stack.base_url, api_key=fake_stack.api_key, max_retries=5)
     quick, slow = 40, 20  # slow lines last 8 s: in flight when the broker goes

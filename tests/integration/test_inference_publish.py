@@ -29,7 +29,7 @@ from shared.protocol.messages import RequestMessage, result_values
 from shared.settings import KafkaSettings
 from shared.topics import requests_topic, results_topic
 from tests.support.fresh_kafka import fresh_kafka
-from tests.support.private_servers import private_tansu
+from tests.support.private_servers import private_broker
 from tests.support.signing import api_headers
 
 MODEL = "fake-model"
@@ -93,7 +93,7 @@ class ProduceDroppingProxy:
 def ports() -> Iterator[tuple[int, int]]:
     """(the proxy's port, which the broker advertises; the broker's own port)."""
     proxy, broker = free_port(), free_port()
-    with private_tansu(broker, advertised_port=proxy):
+    with private_broker(broker, advertised_port=proxy, broker="tansu"):
         yield proxy, broker
 
 

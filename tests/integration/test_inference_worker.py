@@ -1,4 +1,4 @@
-"""The inference worker's consumer against a real Kafka-protocol broker (Tansu), with the fake engine.
+"""The inference worker's consumer against a real Kafka-protocol broker of its own, with the fake engine.
 
 Publishes request messages naming a reply topic, runs the consumer in-process, and checks one
 result per request (right custom_ids, invalid and expired lines answered as such) and the
@@ -28,16 +28,17 @@ from shared.protocol.messages import ControlMessage, RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import control_topic, requests_topic
 from tests.support.fresh_kafka import fresh_kafka
-from tests.support.private_servers import private_tansu
+from tests.support.private_servers import private_broker
 from tests.support.signing import api_headers
 
+pytestmark = pytest.mark.second_broker
 MODEL = "fake-model"
 
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
     port = free_port()
-    with private_tansu(port):
+    with private_broker(port):
         yield f"127.0.0.1:{port}"
 
 

@@ -26,6 +26,7 @@ from pymongo import MongoClient
 from deploy.local import STAND_INS, ModelSpec, Stack, free_ports
 from tests.integration.api.corpus import CHAT, dump, line
 from tests.support.http_batches import create_batch, wait_http_terminal
+from tests.support.real_servers import requested_broker
 from tests.support.stacks import FAKE_STACK_ENV
 from tests.support.waiting import wait_until
 
@@ -45,6 +46,7 @@ def outage_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ports=free_ports(),
         models=[model],
         environment="test",
+        broker=requested_broker(),
         extra_env={**FAKE_STACK_ENV, "BATCHSTREAM_AGGREGATOR_CANCEL_TIMEOUT_S": "3"},
     )
     try:

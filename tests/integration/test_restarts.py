@@ -1,10 +1,12 @@
 """The local stack survives its own restarts, done the way a user does them.
 
-The broker keeps its data in memory, so both cases lose every message of a batch in flight: ``up``
-then resumes the batch from the results stored in its chunks, and only its lines without a result
-run again. Each case ends with the batch ``completed``, exact ``request_counts``, every custom_id
-once, nothing in flight, every component alive and healthy, and a new batch completing. Each
-prints its recovery times: from the ``up`` call to the batch's counts moving again.
+On Tansu the broker keeps its data in memory, so both cases lose every message of a batch in
+flight: ``up`` then resumes the batch from the results stored in its chunks, and only its lines
+without a result run again. noida-db (``BATCHSTREAM_TEST_BROKER=noida``) keeps its data, and ``up``
+handles its restart the same way. Each case ends with the batch ``completed``, exact
+``request_counts``, every custom_id once, nothing in flight, every component alive and healthy,
+and a new batch completing. Each prints its recovery times: from the ``up`` call to the batch's
+counts moving again.
 
 The stacks are ``tests/chaos`` stacks (own stand-ins, api, aggregator, a fake-engine worker, on
 free ports in a tmp dir), and the kills and checks are the chaos trials' own.
@@ -88,6 +90,8 @@ def test_make_down_then_make_up_mid_batch_completes_each_line_once(chaos: ChaosS
         "--engine",
         "fake",
         *port_args(chaos),
+        "--broker",
+        chaos.stack.broker,
         "--state-dir",
         str(state_dir),
     ]

@@ -16,6 +16,7 @@ from pymongo import AsyncMongoClient
 from deploy.local import STAND_INS, Stack, free_ports
 from deploy.local.processes import group_members
 from shared.topics import control_topic, results_topic
+from tests.support.real_servers import requested_broker
 
 
 async def test_kafka_round_trip(stand_ins: Stack) -> None:
@@ -91,7 +92,7 @@ def test_s3_put_get(stand_ins: Stack) -> None:
 
 
 def test_up_is_idempotent_and_stop_leaves_no_process(tmp_path: Path) -> None:
-    stack = Stack(tmp_path / "state", ports=free_ports(), environment="test")
+    stack = Stack(tmp_path / "state", ports=free_ports(), environment="test", broker=requested_broker())
     try:
         first = stack.start(STAND_INS)
         assert [o.state for o in first] == ["started"] * 3

@@ -15,10 +15,12 @@
   testcontainers.
 - ``object_stores``: the session's S3 server, SeaweedFS or (``BATCHSTREAM_TEST_OBJECT_STORE``)
   a JuiceFS gateway, and ``juicefs_gateway`` (one of a caller's own).
+  testcontainers, and the stand-ins' Kafka broker (``BATCHSTREAM_TEST_BROKER``:
+  ``requested_broker``).
 - ``fresh_kafka``: Kafka settings under a topic prefix of a test's own, the topics created.
 - ``fresh_mongo``: a MongoDB database of a test module's own, dropped afterwards.
 - ``metrics``: one value from a Prometheus ``/metrics`` page (``metric_value``).
-- ``private_servers``: a SecantusDB (``PrivateMongo``) or a Tansu broker (``private_tansu``) of a
+- ``private_servers``: a SecantusDB (``PrivateMongo``) or a broker (``private_broker``) of a
   test's own, to kill, restart or proxy.
 - ``request_recorder``: ``RequestRecorder``, a stand-in for a model's workers that consumes and
   commits its requests topic and records the order the dispatcher sent lines in.

@@ -2,20 +2,24 @@
 put a proxy in front of one (the session's servers are shared by every other test).
 
 - ``PrivateMongo``: SecantusDB on a port and data dir of the test's; ``stop`` is a SIGKILL.
-- ``private_tansu``: a Tansu broker (memory store), optionally advertising another port (a proxy's).
+- ``private_broker``: the run's broker (``BATCHSTREAM_TEST_BROKER``: Tansu in memory, or
+  noida-db in a tmp dir), optionally advertising another port (a proxy's; Tansu only).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from deploy.local.catalogue import tansu_binary
+from deploy.local.catalogue import Broker, broker_command
 from deploy.local.probes import tcp_ready
+from tests.support.real_servers import requested_broker
 from tests.support.waiting import wait_until
 
 
@@ -40,20 +44,24 @@ class PrivateMongo:
 
 
 @contextmanager
-def private_tansu(port: int, advertised_port: int | None = None) -> Iterator[None]:
-    """A Tansu broker listening on ``port`` and telling clients to connect to ``advertised_port``
-    (default: ``port``) while the block runs."""
-    advertised = advertised_port or port
-    command = [str(tansu_binary()), "broker", "--listener-url", f"tcp://127.0.0.1:{port}"]
-    command += ["--advertised-listener-url", f"tcp://127.0.0.1:{advertised}"]
-    command += ["--storage-engine", "memory://tansu/"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield
-    finally:
-        process.terminate()
+def private_broker(
+    port: int, advertised_port: int | None = None, broker: Broker | None = None
+) -> Iterator[None]:
+    """A broker (default: the run's) listening on ``port`` and telling clients to connect to
+    ``advertised_port`` (default: ``port``) while the block runs; ready when the block starts."""
+    chosen = broker or requested_broker()
+    with tempfile.TemporaryDirectory(prefix="broker-") as data:
+        command = broker_command(chosen, port, Path(data), advertised_port)
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            wait_until(tcp_ready(port), 15, f"the private {chosen} broker")
+            yield
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)  # its own process group (new session)
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

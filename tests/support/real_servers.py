@@ -6,6 +6,10 @@ published on 127.0.0.1 (a local Docker engine). Where no Docker engine answers (
 machines), or testcontainers cannot start them, the suite falls back to the stand-ins (Tansu,
 SecantusDB, SeaweedFS) and says why once. Unset, or ``stand-ins``: the stand-ins, with SeaweedFS
 or a JuiceFS gateway as the S3 server (``object_stores``: ``BATCHSTREAM_TEST_OBJECT_STORE``).
+
+``BATCHSTREAM_TEST_BROKER=noida`` makes every stand-in stack of the run (the session's, and the
+stacks and private brokers of modules that start their own) use noida-db as its Kafka broker
+instead of Tansu (``requested_broker``). Unset, or ``tansu``: Tansu.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from deploy.local import Stack
+from deploy.local.catalogue import BROKERS, Broker
 from tests.support.object_stores import session_object_store
 
 SWITCH = "BATCHSTREAM_TEST_SERVERS"
@@ -32,6 +37,7 @@ MINIO_IMAGE = (
     "@sha256:a1ea29fa28355559ef137d71fc570e508a214ec84ff8083e39bc5428980b015e"
 )
 START_TIMEOUT_S = 120.0
+BROKER_SWITCH = "BATCHSTREAM_TEST_BROKER"
 
 
 class FallbackToStandIns(RuntimeError):
@@ -44,6 +50,15 @@ def requested(environ: dict[str, str] | None = None) -> str:
     if value not in (TESTCONTAINERS, STAND_IN_SERVERS):
         raise ValueError(f"{SWITCH}={value!r}: use {TESTCONTAINERS} or {STAND_IN_SERVERS}")
     return value
+
+
+def requested_broker(environ: dict[str, str] | None = None) -> Broker:
+    """Which Kafka broker the run's stand-in stacks use: ``tansu`` (default) or ``noida``."""
+    value = (os.environ if environ is None else environ).get(BROKER_SWITCH, "") or BROKERS[0]
+    for broker in BROKERS:
+        if value == broker:
+            return broker
+    raise ValueError(f"{BROKER_SWITCH}={value!r}: use one of {', '.join(BROKERS)}")
 
 
 def docker_engine_problem(ping: Callable[[], Any] | None = None) -> str | None:

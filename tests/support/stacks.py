@@ -25,12 +25,21 @@ import httpx
 import pytest
 
 from deploy.local import ModelSpec, Stack, free_port, free_ports
+from tests.support.real_servers import requested_broker
 from tests.support.waiting import wait_until
 
 TEST_MODEL_NAME = os.environ.get("BATCHSTREAM_TEST_MODEL_NAME", "tiny-llama")
 
-# The Tansu workarounds (one-record producer batches for table recovery, no standby) and short
-# chunk, flush and group timings so small batches end in about a second.
+# Tansu's workarounds: one-record producer batches (its ListOffsets LATEST is wrong for
+# multi-record batches, which faust's table recovery trusts) and no standby. On any other broker
+# the aggregator keeps the defaults it has on Apache Kafka.
+TANSU_AGGREGATOR_ENV = {
+    "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
+    "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
+}
+
+# Short chunk, flush and group timings so small batches end in about a second, plus the
+# broker's workarounds.
 FAKE_STACK_ENV = {
     "BATCHSTREAM_AGGREGATOR_CHUNK_SECONDS": "0.2",
     "BATCHSTREAM_AGGREGATOR_COUNTS_FLUSH_SECONDS": "0.3",
@@ -39,8 +48,7 @@ FAKE_STACK_ENV = {
     "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
     "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
     "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-    "BATCHSTREAM_AGGREGATOR_PRODUCER_MAX_BATCH_SIZE": "1",
-    "BATCHSTREAM_AGGREGATOR_STANDBY_REPLICAS": "0",
+    **(TANSU_AGGREGATOR_ENV if requested_broker() == "tansu" else {}),
 }
 
 OwnStack = Callable[..., AbstractContextManager[Stack]]
@@ -109,6 +117,7 @@ def own_stack(
             inference=own.inference,
         ),
         models=list(models),
+        broker=stand_ins.broker,
         topic_prefix=f"{stand_ins.topic_prefix}{suffix}.",
         mongo_database=f"{stand_ins.mongo_database}_{suffix}",
         bucket=f"{stand_ins.bucket}-{suffix}",

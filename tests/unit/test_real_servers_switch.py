@@ -1,4 +1,5 @@
-"""BATCHSTREAM_TEST_SERVERS: the suite falls back to the stand-ins where no Docker engine answers.
+"""BATCHSTREAM_TEST_SERVERS: the suite falls back to the stand-ins where no Docker engine answers;
+BATCHSTREAM_TEST_BROKER: which broker the stand-ins run.
 
 The stack here is a recording fake (``RecordingFakeStack``): these tests check which servers get
 started, not the servers. The first one asks the machine's real Docker client, and is skipped
@@ -13,7 +14,14 @@ import pytest
 
 from deploy.local import STAND_INS
 from tests.support import real_servers
-from tests.support.real_servers import SWITCH, docker_engine_problem, requested, servers_for_tests
+from tests.support.real_servers import (
+    BROKER_SWITCH,
+    SWITCH,
+    docker_engine_problem,
+    requested,
+    requested_broker,
+    servers_for_tests,
+)
 
 
 class RecordingFakeStack:
@@ -76,3 +84,11 @@ def test_a_misspelled_switch_is_an_error() -> None:
     assert requested({SWITCH: "testcontainers"}) == "testcontainers"
     with pytest.raises(ValueError, match=SWITCH):
         requested({SWITCH: "testcontainer"})
+
+
+def test_the_broker_switch_picks_tansu_unless_noida_is_asked_for() -> None:
+    assert requested_broker({}) == "tansu"
+    assert requested_broker({BROKER_SWITCH: ""}) == "tansu"
+    assert requested_broker({BROKER_SWITCH: "noida"}) == "noida"
+    with pytest.raises(ValueError, match="tansu, noida"):
+        requested_broker({BROKER_SWITCH: "kafka"})

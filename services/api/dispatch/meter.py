@@ -1,7 +1,7 @@
 """How many more lines a model's requests topic may take: its backlog against a target.
 
-The backlog is measured without ListOffsets LATEST (the stand-in broker answers it wrongly for
-multi-record batches, and it would cost a request per partition): the end of each partition is
+The backlog is measured without ListOffsets LATEST (it would cost a request per partition, and
+Tansu, the local and test broker, answers it wrongly for multi-record batches): the end of each partition is
 the highest offset our own sends were acknowledged at, plus one, and the consumed side is the
 inference group's committed offset, less the lines past it already done (a worker commits a
 partition only up to its oldest line in flight and runs lines out of offset order: behind one
@@ -184,8 +184,11 @@ class GroupProbe:
         self._coordinators: dict[str, tuple[float, int]] = {}  # group -> (found at, node id)
 
     async def read(self, group: str, topic: str, partitions: int) -> GroupReading:
-        """Committed offsets of ``topic``'s partitions (named, not "all": one server answers
-        that wrongly), the lines done past each (the commit's metadata), and the members."""
+        """Committed offsets of ``topic``'s partitions, the lines done past each (the commit's
+        metadata), and the group's members.
+
+        The partitions are named in the request, as every Kafka broker answers it; a request for
+        all of a group's offsets is answered wrongly by some (Tansu)."""
         if not self._started:
             await self._admin.start()
             self._started = True

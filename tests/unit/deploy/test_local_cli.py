@@ -1,4 +1,4 @@
-"""``python -m deploy.local``'s options for a second stack: its own ports, the fake engine."""
+"""``python -m deploy.local``'s options for a second stack: its own ports, the fake engine, the broker."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import typer
 
+from deploy.local import catalogue
 from deploy.local.cli import build_stack, ports
 from deploy.local.ports import Ports
+from deploy.local.stack import Stack
 from services.inference.settings import InferenceSettings
 
 
@@ -44,3 +46,33 @@ def test_make_up_s_adapter_is_served_by_the_first_model(
     assert settings.lora_adapters == {"m-demo": str(tmp_path / "demo")}
     with pytest.raises(typer.BadParameter, match="NAME=DIR"):
         build_stack(tmp_path, ["=m"], engine="fake", adapters=["m-demo"])
+
+
+def test_a_noida_stack_keeps_its_broker_data_in_its_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_binary = tmp_path / "fake-noida-db"
+    monkeypatch.setattr(catalogue, "noida_binary", lambda: fake_binary)
+    stack = Stack(tmp_path / "state", ports=ports(["kafka=29092"]), broker="noida")
+    kafka = stack.components()["kafka"]
+    assert kafka.argv[:4] == [str(fake_binary), "start", "--only", "kafka"]
+    assert kafka.argv[kafka.argv.index("--kafka-port") + 1] == "29092"
+    data = Path(kafka.argv[kafka.argv.index("--data-dir") + 1])
+    assert data == stack.data_dir / "kafka"
+    assert kafka.prepare is not None
+    kafka.prepare()
+    assert data.is_dir()
+
+
+def test_a_tansu_stack_keeps_its_broker_in_memory(tmp_path: Path) -> None:
+    kafka = Stack(tmp_path, ports=ports(["kafka=29092"])).components()["kafka"]
+    assert kafka.argv[-2:] == ["--storage-engine", "memory://tansu/"]
+    assert "tcp://127.0.0.1:29092" in kafka.argv
+    assert kafka.prepare is None
+
+
+def test_make_up_s_broker_option_picks_the_broker_and_refuses_others(tmp_path: Path) -> None:
+    assert build_stack(tmp_path).broker == "tansu"
+    assert build_stack(tmp_path, broker="noida").broker == "noida"
+    with pytest.raises(typer.BadParameter, match="tansu, noida"):
+        build_stack(tmp_path, broker="kafka")
