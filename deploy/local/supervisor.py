@@ -10,8 +10,9 @@ commit). What ``up`` does about either: it recreates the topics every time, and 
 no consumer keeps state that refers to offsets the broker may no longer have. MongoDB and
 object-store data persist across ``down``/``up``; batches that were in flight when the broker
 stopped resume: ``up`` tallies their stored results (``deploy.provision.resume_in_flight``) and
-the api, starting, publishes only their lines without a result (on noida-db a line still in the
-topic may then run twice; the aggregator counts it once). ``make clean`` removes all state.
+the api, starting, publishes only their lines without a result (on noida-db the lines still in
+the topic past the workers' committed offsets run again too; the aggregator counts each once).
+``make clean`` removes all state.
 """
 
 from __future__ import annotations
