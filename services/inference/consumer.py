@@ -153,6 +153,7 @@ class RequestConsumer:
             producer, attempts=settings.publish_attempts, retry_max_wait_s=settings.publish_retry_max_wait_s
         )
         self.commit_interval_s = settings.commit_interval_s
+        self.commit_done_past = settings.commit_done_past
         self.keepalive_poll_s = keepalive_poll_s
         kafka = kafka if kafka is not None else KafkaSettings()
         self.intake = RequestIntake.from_settings(kafka, AggregatorSettings())
@@ -348,7 +349,7 @@ class RequestConsumer:
         try:
             await self.consumer.commit(
                 {
-                    tp: OffsetAndMetadata(offset, commit_metadata(done))
+                    tp: OffsetAndMetadata(offset, self._metadata(done))
                     for tp, (offset, done) in offsets.items()
                 }
             )
@@ -358,6 +359,10 @@ class RequestConsumer:
             return
         self.offsets.committed(offsets)
         log.debug("committed", extra={"offsets": _show(offsets)})
+
+    def _metadata(self, done_past: int) -> str:
+        """The commit's metadata: the lines done past its offset (``commit_done_past``)."""
+        return commit_metadata(done_past) if self.commit_done_past else ""
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is finished on the revoked partitions and forget their in-flight work."""

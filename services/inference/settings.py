@@ -182,6 +182,12 @@ class InferenceSettings(BaseSettings):
     """How often the worker commits the offsets of finished lines. The api's dispatcher counts a
     line as queued until it is committed, so a longer interval keeps the topic emptier than the
     workers need (docs/dispatcher.md); each commit is one small request."""
+    commit_done_past: bool = True
+    """Commit each offset with the count of lines finished past it (its metadata,
+    ``done-past-commit=N``), again whenever that count changes: the dispatcher does not meter
+    those lines as queued (docs/dispatcher.md). Off: the offset alone; the dispatcher then learns
+    of them from the aggregator's results, about a second later. A broker that keeps no commit
+    metadata (Tansu) makes it moot."""
     group_instance_id: str = ""
     """Static group membership (Kafka's ``group.instance.id``): a name that stays the same across
     restarts of one worker and differs between the workers of a model (e.g. a StatefulSet pod

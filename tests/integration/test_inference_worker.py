@@ -18,18 +18,21 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from deploy.local import free_port
+from services.api.dispatch.meter import GroupProbe, GroupReading
 from services.inference.consumer import KEEPALIVE_POLL_S, RequestConsumer, make_consumer
 from services.inference.control import BatchControl, ControlFollower
 from services.inference.fake_engine import FakeEngine
 from services.inference.handler import RequestHandler
 from services.inference.settings import InferenceSettings
-from shared.kafka import encode, make_producer
+from shared.kafka import encode, make_admin, make_producer
 from shared.protocol.messages import ControlMessage, RequestMessage
 from shared.settings import KafkaSettings
 from shared.topics import control_topic, requests_topic
 from tests.support.fresh_kafka import fresh_kafka
 from tests.support.private_servers import private_broker
+from tests.support.real_servers import requested_broker
 from tests.support.signing import api_headers
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.second_broker
 MODEL = "fake-model"
@@ -229,4 +232,55 @@ async def test_the_control_topic_is_read_from_the_beginning_and_followed(kafka: 
         assert cancelled == ["batch_3"] and control.cancelled("batch_3")
     finally:
         await follower.stop()
+        await producer.stop()
+
+
+async def test_the_lines_done_past_a_commit_reach_the_dispatchers_reading(kafka: KafkaSettings) -> None:
+    """One long line first on a partition holds its commit; the six short lines after it finish.
+    The worker commits the long line's offset with the six counted in the commit's metadata, and
+    the dispatcher's reading of the group takes them (on a broker that keeps commit metadata:
+    Tansu answers "", and the six count as waiting until the aggregator has their results)."""
+    reply = f"{kafka.topic_prefix}replies"
+    await _create_topic(kafka, reply)
+    topic = requests_topic(kafka, MODEL)
+    producer = make_producer(kafka)
+    await producer.start()
+    first = None
+    try:
+        for i in range(7):
+            message = _request(f"line-{i}", reply, batch_id="batch_long", line=i + 1)
+            message.body["max_tokens"] = 200 if i == 0 else 1  # 0.05 s a token: 10 s, then instants
+            value = encode(message)
+            headers = api_headers(kafka, topic, value)
+            meta = await producer.send_and_wait(topic, value, key=b"one-partition", headers=headers)
+            first = meta if first is None else first
+        assert first is not None
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        worker = RequestConsumer(
+            make_consumer(kafka, group),
+            producer,
+            RequestHandler(FakeEngine(model_id=MODEL, seconds_per_token=0.05)),
+            topic=topic,
+            results_topic=f"{kafka.topic_prefix}results",
+            settings=InferenceSettings(engine="fake", drain_timeout_s=1),
+            kafka=kafka,
+        )
+        running = asyncio.create_task(worker.run())
+        keeps_metadata = requested_broker() != "tansu"
+        probe = GroupProbe(make_admin(kafka))
+        try:
+            assert len(await _collect(kafka, reply, 6)) == 6  # the short lines are answered
+
+            async def six_done_past() -> GroupReading | None:
+                reading = await probe.read(group, topic, kafka.request_partitions)
+                held = reading.committed.get(first.partition) == first.offset
+                return reading if held and (reading.done_past or not keeps_metadata) else None
+
+            reading = await eventually(six_done_past, 10, "the long line's offset committed")
+            assert reading.done_past == ({first.partition: 6} if keeps_metadata else {})
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 15)
+            await probe.close()
+    finally:
         await producer.stop()
