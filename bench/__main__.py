@@ -12,14 +12,16 @@ import argparse
 import datetime
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import console, parity, pipeline, prefix, shared, tail, tenants, versus
-from bench.common import default_path, machine
+from bench.common import BROKER_ENV, default_path, machine
 from deploy.local import REPO_ROOT
+from deploy.local.catalogue import BROKER_NAMES, BROKERS
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
@@ -40,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model-dir",
         default=default_path("BATCHSTREAM_BENCH_MODEL_DIR", ".cache/models/tiny-llama"),
         help="model both engines load (env BATCHSTREAM_BENCH_MODEL_DIR)",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default=os.environ.get(BROKER_ENV) or "tansu",
+        help=f"the stacks' Kafka broker: Tansu (memory) or noida-db (env {BROKER_ENV})",
     )
     parity_group = parser.add_argument_group("engine parity")
     parity_group.add_argument("--rounds", type=int, default=3)
@@ -248,13 +256,16 @@ def _save(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ[BROKER_ENV] = args.broker  # every stack of the run (new_stack)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
+        "broker": args.broker,
     }
     m = report["machine"]
     print(f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, {m['memory_gib']} GiB", flush=True)
+    print(f"broker: {BROKER_NAMES[args.broker]}", flush=True)
     started = time.monotonic()
     path = RESULTS_DIR / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     if args.only == "versus":

@@ -15,12 +15,13 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 from openai import OpenAI
 
 from deploy.local import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
+from deploy.local.catalogue import BROKERS, Broker
 from shared.protocol.messages import result_count
 from shared.topics import results_topic
 
@@ -53,8 +54,20 @@ def machine() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- stack
 
 
+BROKER_ENV = "BATCHSTREAM_BENCH_BROKER"
+"""The Kafka-protocol broker of every benchmark's stack (``python -m bench --broker``): tansu or noida."""
+
+
+def bench_broker() -> Broker:
+    broker = os.environ.get(BROKER_ENV) or "tansu"
+    if broker not in BROKERS:
+        raise SystemExit(f"{BROKER_ENV}={broker!r}: one of {', '.join(BROKERS)}")
+    return cast(Broker, broker)
+
+
 def new_stack(models: Sequence[ModelSpec], *, inference_python: str = "", **extra_env: str) -> Stack:
-    """A fresh stack on free ports in a temporary state dir, isolated by prefix/database/bucket."""
+    """A fresh stack on free ports in a temporary state dir, isolated by prefix/database/bucket,
+    on the run's broker (``bench_broker``)."""
     run = uuid.uuid4().hex[:8]
     stack = Stack(
         Path(tempfile.mkdtemp(prefix=f"batchstream-bench-{run}-")),
@@ -65,6 +78,7 @@ def new_stack(models: Sequence[ModelSpec], *, inference_python: str = "", **extr
         bucket=f"batchstream-b{run}",
         environment="development",
         extra_env=dict(extra_env),
+        broker=bench_broker(),
     )
     if inference_python:
         stack.inference_python = inference_python
