@@ -112,8 +112,8 @@ UP_EMBED_MODEL_NAME ?= all-MiniLM-L6-v2
 # `make up UP_REMOTE='NAME=URL ...'` also serves each model NAME through the OpenAI-compatible
 # server at URL (a worker with no model of its own; docs/operations.md).
 UP_REMOTE ?=
-# The Kafka broker: tansu (memory only) or noida (noida-db, data kept in .state/data/kafka/).
-UP_BROKER ?= tansu
+# The Kafka broker: tansu (memory only; the default) or noida (noida-db, data kept in .state/data/kafka/).
+UP_BROKER ?=
 # The chat model's demo LoRA adapter (random weights, made at set-up): `make up UP_ADAPTER=` for none.
 UP_ADAPTER ?= $(UP_MODEL_DIR)-demo
 UP_MODELS := --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
@@ -123,7 +123,7 @@ UP_MODELS := --model $(UP_MODEL_DIR)=$(UP_MODEL_NAME) \
 
 up: venvs $(UP_MODEL_DIR)/$(MARKER) $(if $(UP_EMBED_MODEL),$(UP_EMBED_MODEL)/$(MARKER)) \
 	$(if $(UP_ADAPTER),$(UP_ADAPTER)/$(MARKER))
-	$(PY) -m deploy.local up $(UP_MODELS) --inference-python $(PY_INF) --broker $(UP_BROKER)
+	$(PY) -m deploy.local up $(UP_MODELS) --inference-python $(PY_INF) $(if $(UP_BROKER),--broker $(UP_BROKER))
 
 down:
 	@if [ -x $(PY) ]; then $(PY) -m deploy.local down; else echo "no $(VENV): nothing to stop"; fi

@@ -21,7 +21,7 @@ from typing import Any
 from bench import console, parity, pipeline, prefix, shared, tail, tenants, versus
 from bench.common import BROKER_ENV, default_path, machine
 from deploy.local import REPO_ROOT
-from deploy.local.catalogue import BROKER_NAMES, BROKERS
+from deploy.local.catalogue import BROKER_NAMES, BROKERS, DEFAULT_BROKER
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--broker",
         choices=BROKERS,
-        default=os.environ.get(BROKER_ENV) or "tansu",
+        default=os.environ.get(BROKER_ENV) or DEFAULT_BROKER,
         help=f"the stacks' Kafka broker: Tansu (memory) or noida-db (env {BROKER_ENV})",
     )
     parity_group = parser.add_argument_group("engine parity")

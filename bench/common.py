@@ -15,13 +15,13 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
 from openai import OpenAI
 
 from deploy.local import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
-from deploy.local.catalogue import BROKERS, Broker
+from deploy.local.catalogue import Broker, parse_broker
 from shared.protocol.messages import result_count
 from shared.topics import results_topic
 
@@ -59,10 +59,10 @@ BROKER_ENV = "BATCHSTREAM_BENCH_BROKER"
 
 
 def bench_broker() -> Broker:
-    broker = os.environ.get(BROKER_ENV) or "tansu"
-    if broker not in BROKERS:
-        raise SystemExit(f"{BROKER_ENV}={broker!r}: one of {', '.join(BROKERS)}")
-    return cast(Broker, broker)
+    try:
+        return parse_broker(os.environ.get(BROKER_ENV, ""))
+    except ValueError as exc:
+        raise SystemExit(f"{BROKER_ENV}: {exc}") from None
 
 
 def new_stack(models: Sequence[ModelSpec], *, inference_python: str = "", **extra_env: str) -> Stack:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from shared.settings import KafkaSettings
 
@@ -33,25 +33,30 @@ def inference_group(settings: KafkaSettings, model: str) -> str:
     return f"{settings.topic_prefix}batchstream-inference-{model_slug(model)}"
 
 
-_DONE_PAST = "done-past-commit="
+_COMMIT_PROGRESS = re.compile(r"done-past-commit=(\d+);read-to=(\d+)")
 
 
-def commit_metadata(done_past: int) -> str:
-    """The metadata an inference worker commits with a requests partition's offset: how many of
-    the partition's lines past that offset it has finished. A worker commits a partition only up
-    to its oldest line still in flight, and it runs lines out of offset order (a project's fair
-    share, a young batch first), so lines done past the commit are common; the dispatcher reads
-    this count with the offsets and does not meter them as queued. Standard Kafka (OffsetCommit
-    metadata); a broker that does not keep it answers "" and the count is 0."""
-    return f"{_DONE_PAST}{done_past}"
+class CommitProgress(NamedTuple):
+    """What an inference worker commits as a requests partition offset's metadata: how many of
+    the partition's lines past that offset it has finished (``done_past``), and the offset after
+    the last line it read (``read_to``). A worker commits a partition only up to its oldest line
+    still in flight, and it runs lines out of offset order (a project's fair share, a young batch
+    first), so lines done past the commit are common; the dispatcher reads this with the offsets
+    and does not meter them as queued. ``read_to`` bounds them: lines a pipeline wrote after the
+    dispatcher's last send are among them. Standard Kafka (OffsetCommit metadata); a broker that
+    does not keep it answers "", read as none."""
 
+    done_past: int
+    read_to: int
 
-def done_past_commit(metadata: str | None) -> int:
-    """The count ``commit_metadata`` wrote, or 0 (no metadata, another writer's, malformed)."""
-    if not metadata or not metadata.startswith(_DONE_PAST):
-        return 0
-    count = metadata[len(_DONE_PAST) :]
-    return int(count) if count.isdigit() else 0
+    def encode(self) -> str:
+        return f"done-past-commit={self.done_past};read-to={self.read_to}"
+
+    @classmethod
+    def read(cls, metadata: str | None) -> CommitProgress | None:
+        """What ``encode`` wrote, or None (no metadata, another writer's, malformed)."""
+        match = _COMMIT_PROGRESS.fullmatch(metadata or "")
+        return cls(int(match[1]), int(match[2])) if match else None
 
 
 def dead_letters_topic(settings: KafkaSettings) -> str:

@@ -36,6 +36,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 Broker = Literal["tansu", "noida"]
 """The Kafka-protocol brokers a local or test stack can run: Tansu (memory only) or noida-db."""
 BROKERS: tuple[Broker, ...] = get_args(Broker)
+DEFAULT_BROKER: Broker = "tansu"
+
+
+def parse_broker(name: str) -> Broker:
+    """``name`` as a ``Broker`` (empty: ``DEFAULT_BROKER``); ValueError naming the choices."""
+    if not name:
+        return DEFAULT_BROKER
+    for broker in BROKERS:
+        if name == broker:
+            return broker
+    raise ValueError(f"{name!r}: the broker is one of {', '.join(BROKERS)}")
+
+
 BROKER_NAMES: dict[Broker, str] = {"tansu": "Tansu", "noida": "noida-db"}
 STAND_INS = ("kafka", "mongo", "s3")
 # SeaweedFS holds ~232 MB of live Go heap from its start, most of it never touched (~115 MB

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from deploy.local import supervisor
-from deploy.local.catalogue import BROKERS, Broker, ModelSpec
+from deploy.local.catalogue import DEFAULT_BROKER, Broker, ModelSpec, parse_broker
 from deploy.local.ports import Ports
 from deploy.local.stack import DEFAULT_STATE_DIR, Stack
 
@@ -55,7 +55,7 @@ def build_stack(
     engine: str = "vllm",
     remote: list[str] | None = None,
     adapters: list[str] | None = None,
-    broker: str = "tansu",
+    broker: str = DEFAULT_BROKER,
 ) -> Stack:
     """The stack a command works on: its state dir, ports, models (each on ``engine``), the
     models forwarded to servers (``remote``: ``NAME=URL``), and LoRA adapters (``adapters``:
@@ -76,10 +76,10 @@ def build_stack(
 
 
 def _broker(name: str) -> Broker:
-    for broker in BROKERS:
-        if name == broker:
-            return broker
-    raise typer.BadParameter(f"{name!r}: the broker is one of {', '.join(BROKERS)}")
+    try:
+        return parse_broker(name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command()
@@ -115,7 +115,7 @@ def up(
             help="The Kafka broker: tansu (memory only) or noida (noida-db, data kept in the state "
             "dir). Used when the broker is started; a running one is left alone."
         ),
-    ] = "tansu",
+    ] = DEFAULT_BROKER,
     port: PortOption = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:

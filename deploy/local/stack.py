@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from deploy.local import processes
 from deploy.local.catalogue import (
+    DEFAULT_BROKER,
     REPO_ROOT,
     Broker,
     Component,
@@ -73,7 +74,7 @@ class Stack:
     inference_python: str = str(REPO_ROOT / ".venv-inference" / "bin" / "python")
     extra_env: dict[str, str] = field(default_factory=dict)
     inference_start_timeout_s: float = 600.0
-    broker: Broker = "tansu"  # the ``kafka`` component (catalogue: Tansu in memory, or noida-db)
+    broker: Broker = DEFAULT_BROKER  # the ``kafka`` component (catalogue: Tansu in memory, or noida-db)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()

@@ -3,9 +3,8 @@
 Broker persistence: the default broker keeps its data in memory (Tansu's ``memory://`` store), so it
 forgets every topic, message and committed offset when it stops (this build of Tansu has no file
 store, only ``memory://`` and ``s3://``). ``--broker noida`` runs noida-db instead, which keeps its
-data under the state dir across ``down``/``up``; it saves it periodically and on a clean stop, so a
-SIGKILLed noida-db loses what it acknowledged last (measured: its last ~0.5 s of records and a
-commit). What ``up`` does about either: it recreates the topics every time, and when it
+data under the state dir across ``down``/``up`` (a SIGKILL loses what it acknowledged last:
+docs/testing.md). What ``up`` does about either: it recreates the topics every time, and when it
 (re)starts the broker it restarts every service (the aggregator with an empty local data dir), so
 no consumer keeps state that refers to offsets the broker may no longer have. MongoDB and
 object-store data persist across ``down``/``up``; batches that were in flight when the broker

@@ -47,7 +47,13 @@ from shared.protocol.messages import (
     LineError,
 )
 from shared.settings import AggregatorSettings, KafkaSettings
-from shared.topics import commit_metadata, dead_letters_topic, inference_group, requests_topic, results_topic
+from shared.topics import (
+    CommitProgress,
+    dead_letters_topic,
+    inference_group,
+    requests_topic,
+    results_topic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -360,9 +366,9 @@ class RequestConsumer:
         self.offsets.committed(offsets)
         log.debug("committed", extra={"offsets": _show(offsets)})
 
-    def _metadata(self, done_past: int) -> str:
+    def _metadata(self, progress: CommitProgress) -> str:
         """The commit's metadata: the lines done past its offset (``commit_done_past``)."""
-        return commit_metadata(done_past) if self.commit_done_past else ""
+        return progress.encode() if self.commit_done_past else ""
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is finished on the revoked partitions and forget their in-flight work."""
@@ -396,5 +402,5 @@ class RequestConsumer:
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _show(offsets: dict[TopicPartition, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-    return {f"{tp.topic}[{tp.partition}]": offset for tp, offset in offsets.items()}
+def _show(offsets: dict[TopicPartition, tuple[int, CommitProgress]]) -> dict[str, int]:
+    return {f"{tp.topic}[{tp.partition}]": offset for tp, (offset, _) in offsets.items()}

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
+from shared.topics import CommitProgress
+
 P = TypeVar("P", bound=Hashable)
 
 
@@ -58,11 +60,12 @@ class OffsetTracker(Generic[P]):
             return 0
         return self._next[partition] - min(pending) - len(pending)
 
-    def to_commit(self, partitions: Iterable[P] | None = None) -> dict[P, tuple[int, int]]:
-        """``(offset, done_past)`` of the partitions whose committable offset moved past the last
-        commit, or whose count of lines done past it changed."""
+    def to_commit(self, partitions: Iterable[P] | None = None) -> dict[P, tuple[int, CommitProgress]]:
+        """The offset to commit and its ``CommitProgress`` (the lines done past it, the offset
+        read to) for the partitions whose committable offset moved past the last commit, or whose
+        count of lines done past it changed."""
         chosen = self._next.keys() if partitions is None else partitions
-        offsets: dict[P, tuple[int, int]] = {}
+        offsets: dict[P, tuple[int, CommitProgress]] = {}
         for partition in list(chosen):
             offset = self.committable(partition)
             if offset is None:
@@ -70,14 +73,14 @@ class OffsetTracker(Generic[P]):
             done = self.done_past(partition)
             last = self._committed.get(partition, -1)
             if offset > last or (offset == last and done != self._reported.get(partition, 0)):
-                offsets[partition] = (offset, done)
+                offsets[partition] = (offset, CommitProgress(done, self._next[partition]))
         return offsets
 
-    def committed(self, offsets: dict[P, tuple[int, int]]) -> None:
-        for partition, (offset, done) in offsets.items():
+    def committed(self, offsets: dict[P, tuple[int, CommitProgress]]) -> None:
+        for partition, (offset, progress) in offsets.items():
             if offset >= self._committed.get(partition, -1):
                 self._committed[partition] = offset
-                self._reported[partition] = done
+                self._reported[partition] = progress.done_past
 
     def forget(self, partitions: Iterable[P]) -> None:
         """Drop all bookkeeping of partitions no longer owned; bump their epochs."""

@@ -184,7 +184,7 @@ class InferenceSettings(BaseSettings):
     workers need (docs/dispatcher.md); each commit is one small request."""
     commit_done_past: bool = True
     """Commit each offset with the count of lines finished past it (its metadata,
-    ``done-past-commit=N``), again whenever that count changes: the dispatcher does not meter
+    ``done-past-commit=N;read-to=M``), again whenever that count changes: the dispatcher does not meter
     those lines as queued (docs/dispatcher.md). Off: the offset alone; the dispatcher then learns
     of them from the aggregator's results, about a second later. A broker that keeps no commit
     metadata (Tansu) makes it moot."""

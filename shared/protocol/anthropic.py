@@ -20,9 +20,9 @@ from shared.protocol.result_message import UNDELIVERABLE_CODE, NotRunCode
 from shared.stores.models import MODEL_NOT_FOUND
 
 ANTHROPIC_API: Final = "anthropic"
+"""The ``api`` of a stored batch created through ``/v1/messages/batches``."""
 _CANCELLED: Final[NotRunCode] = "batch_cancelled"
 _EXPIRED: Final[NotRunCode] = "batch_expired"
-"""The ``api`` of a stored batch created through ``/v1/messages/batches``."""
 
 MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 """Where Anthropic's Message Batches API is served (its routes, the body limit, the client)."""
@@ -136,7 +136,7 @@ def request_counts(batch: BatchBase, not_run: dict[str, int] | None) -> MessageB
 
     Live while the batch runs (``processing`` the requests without a result so far, the results so
     far under ``succeeded`` and ``errored``); ``not_run``, once it ended, is how many of its failed
-    lines never ran: ``{"batch_cancelled": n, "batch_expired": m}`` (from the error file)."""
+    lines never ran: ``{"batch_cancelled": n, "batch_expired": m}`` (counted at finalize)."""
     counts = batch.request_counts
     if batch.status not in TERMINAL:
         done = counts.completed + counts.failed

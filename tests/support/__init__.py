@@ -12,11 +12,10 @@
   session's stand-ins (``own_stack``, handed out by the fixture as ``OwnStack``),
   ``aggregator_processing`` and ``FAKE_STACK_ENV`` (a fake-engine stack's settings).
 - ``real_servers``: the session's servers, the stand-ins or (``BATCHSTREAM_TEST_SERVERS``)
-  testcontainers.
-- ``object_stores``: the session's S3 server, SeaweedFS or (``BATCHSTREAM_TEST_OBJECT_STORE``)
-  a JuiceFS gateway, and ``juicefs_gateway`` (one of a caller's own).
   testcontainers, and the stand-ins' Kafka broker (``BATCHSTREAM_TEST_BROKER``:
   ``requested_broker``).
+- ``object_stores``: the session's S3 server, SeaweedFS or (``BATCHSTREAM_TEST_OBJECT_STORE``)
+  a JuiceFS gateway, and ``juicefs_gateway`` (one of a caller's own).
 - ``fresh_kafka``: Kafka settings under a topic prefix of a test's own, the topics created.
 - ``fresh_mongo``: a MongoDB database of a test module's own, dropped afterwards.
 - ``metrics``: one value from a Prometheus ``/metrics`` page (``metric_value``).

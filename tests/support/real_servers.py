@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from deploy.local import Stack
-from deploy.local.catalogue import BROKERS, Broker
+from deploy.local.catalogue import Broker, parse_broker
 from tests.support.object_stores import session_object_store
 
 SWITCH = "BATCHSTREAM_TEST_SERVERS"
@@ -54,11 +54,10 @@ def requested(environ: dict[str, str] | None = None) -> str:
 
 def requested_broker(environ: dict[str, str] | None = None) -> Broker:
     """Which Kafka broker the run's stand-in stacks use: ``tansu`` (default) or ``noida``."""
-    value = (os.environ if environ is None else environ).get(BROKER_SWITCH, "") or BROKERS[0]
-    for broker in BROKERS:
-        if value == broker:
-            return broker
-    raise ValueError(f"{BROKER_SWITCH}={value!r}: use one of {', '.join(BROKERS)}")
+    try:
+        return parse_broker((os.environ if environ is None else environ).get(BROKER_SWITCH, ""))
+    except ValueError as exc:
+        raise ValueError(f"{BROKER_SWITCH}: {exc}") from None
 
 
 def docker_engine_problem(ping: Callable[[], Any] | None = None) -> str | None:

@@ -22,7 +22,7 @@ from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, w
 
 from services.api.announcer import ControlAnnouncer
 from services.api.dispatch import metrics
-from services.api.dispatch.meter import GroupProbe
+from services.api.dispatch.meter import GroupProbe, done_past
 from services.api.dispatch.order import OrderCursor
 from services.api.dispatch.policy import QueuedBatch, at_risk
 from services.api.dispatch.recovery import Recovery
@@ -307,11 +307,8 @@ class Dispatcher:
             log.warning("reading the group's offsets failed: %s", exc, extra={"model": model})
             return
         state.book.committed(reading.committed, now)
-        # Lines done past the commit: as the workers count them (fresh with each commit), or as
-        # the aggregator has them (every journey check) where the broker keeps no commit metadata.
-        answered = state.book.answered_by_partition()
-        done = {p: max(n, answered.get(p, 0)) for p, n in reading.done_past.items()}
-        state.backlog.observe(reading.committed, reading.members, now, waiting, {**answered, **done})
+        done, read_to = done_past(reading, state.book.answered_by_partition())
+        state.backlog.observe(reading.committed, reading.members, now, waiting, done, read_to)
         metrics.TOPIC_BACKLOG.labels(model).set(state.backlog.lag)
         metrics.TARGET_BACKLOG.labels(model).set(state.backlog.target)
 

@@ -37,7 +37,7 @@ from typing import NamedTuple
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from shared.topics import done_past_commit
+from shared.topics import CommitProgress
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class Backlog:
     ends: dict[int, int] = field(default_factory=dict)
     committed: dict[int, int] = field(default_factory=dict)
     answered: dict[int, int] = field(default_factory=dict)  # lines done past the commit (observe)
+    read_to: dict[int, int] = field(default_factory=dict)  # the workers' read positions (observe)
     members: int = 1
     rate: float = 0.0  # lines the group finishes (commits or answers) per second, over RATE_WINDOW_S
     _history: deque[tuple[float, int]] = field(default_factory=deque)
@@ -76,10 +77,13 @@ class Backlog:
         now: float,
         waiting: bool = True,
         answered: dict[int, int] | None = None,
+        read_to: dict[int, int] | None = None,
     ) -> None:
         """A probe's answer: committed offsets per partition and the group's member count;
-        ``answered``: per partition, our lines with a result that the commit has not passed yet
-        (``JourneyBook.answered_by_partition``), out of the backlog.
+        ``answered``: per partition, the lines done that the commit has not passed yet (counted
+        by the worker, or ours the aggregator has a result of), out of the backlog; ``read_to``:
+        per partition, the offset after the last line the worker read (past our last send when a
+        pipeline wrote after it: those lines are in ``answered`` too).
 
         ``waiting``: lines are queued for the topic. If the group had committed everything (the
         workers ran dry between two commits) the target doubles (slow start); otherwise it
@@ -87,6 +91,7 @@ class Backlog:
         """
         self.committed.update(committed)
         self.answered = dict(answered or {})
+        self.read_to = dict(read_to or {})
         self.members = max(1, members)
         total = sum(self.committed.values()) + sum(self.answered.values())  # lines done
         self._history.append((now, total))
@@ -109,10 +114,11 @@ class Backlog:
 
     @property
     def lag(self) -> int:
-        """Lines in the topic or in a worker without a result: past each partition's commit, less
-        those answered already."""
+        """Lines in the topic or in a worker without a result: past each partition's commit (up to
+        our last send, or the worker's read position when past it), less those done already."""
         return sum(
-            max(0, end - self.committed.get(p, 0) - self.answered.get(p, 0)) for p, end in self.ends.items()
+            max(0, max(end, self.read_to.get(p, 0)) - self.committed.get(p, 0) - self.answered.get(p, 0))
+            for p, end in self.ends.items()
         )
 
     @property
@@ -162,8 +168,19 @@ NOT_COORDINATOR_ERRORS = {14, 15, 16}  # load in progress, not available, not co
 
 class GroupReading(NamedTuple):
     committed: dict[int, int]  # partition -> the group's committed offset
-    done_past: dict[int, int]  # partition -> lines its worker finished past it (``commit_metadata``)
+    progress: dict[int, CommitProgress]  # partition -> its worker's count past the commit, if any
     members: int
+
+
+def done_past(reading: GroupReading, answered: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per partition, the lines done past the commit and the workers' read positions: the larger
+    of the workers' own count (their commit's metadata, as fresh as their last commit) and ours
+    the aggregator has a result of (``answered``, read with each journey check), which stands
+    alone where the broker keeps no commit metadata or a worker sent none."""
+    done = dict(answered)
+    for partition, progress in reading.progress.items():
+        done[partition] = max(progress.done_past, answered.get(partition, 0))
+    return done, {partition: progress.read_to for partition, progress in reading.progress.items()}
 
 
 class GroupProbe:
@@ -204,7 +221,7 @@ class GroupProbe:
         ours = {tp.partition: meta for tp, meta in offsets.items() if tp.topic == topic and meta.offset >= 0}
         return GroupReading(
             committed={p: meta.offset for p, meta in ours.items()},
-            done_past={p: done for p, meta in ours.items() if (done := done_past_commit(meta.metadata))},
+            progress={p: read for p, meta in ours.items() if (read := CommitProgress.read(meta.metadata))},
             members=await self._members_cached(group),
         )
 

@@ -42,6 +42,7 @@ from shared.protocol.anthropic import (
 )
 from shared.protocol.batch_input import BODY_BY_ENDPOINT
 from shared.protocol.openai import MESSAGES
+from shared.result_chunks import not_run_code
 from shared.settings import ApiSettings
 from shared.stores.message_batches import MessageBatchStore
 from shared.stores.models import ModelStore, ServedModel
@@ -213,12 +214,10 @@ class MessageBatchService:
             return cached
         counts = dict.fromkeys(NOT_RUN_RESULTS, 0)
         if batch.error_file_id:
-            needles = {code: f'"code":"{code}"'.encode() for code in NOT_RUN_RESULTS}
             errors: Kind = "error"
             async for raw in _lines(await self.partial.open(batch.project, batch.id, errors)):
-                for code, needle in needles.items():
-                    if needle in raw:
-                        counts[code] += 1
+                if (code := not_run_code(raw)) is not None:
+                    counts[code] += 1
         self._not_run[batch.id] = counts
         if len(self._not_run) > NOT_RUN_CACHE:
             self._not_run.popitem(last=False)

@@ -1,6 +1,7 @@
 """OffsetTracker: commit up to the lowest offset still in flight, whatever order work ends in."""
 
 from services.inference.offsets import OffsetTracker
+from shared.topics import CommitProgress
 
 P0, P1 = ("t", 0), ("t", 1)
 
@@ -29,7 +30,7 @@ def test_partitions_are_independent() -> None:
     a = tracker.start(P0, 0)
     tracker.start(P1, 5)
     tracker.finish(P0, 0, a)
-    assert tracker.to_commit() == {P0: (1, 0), P1: (5, 0)}
+    assert tracker.to_commit() == {P0: (1, CommitProgress(0, 1)), P1: (5, CommitProgress(0, 6))}
     assert tracker.in_flight() == 1 and tracker.in_flight(P1) == 1
 
 
@@ -37,7 +38,7 @@ def test_to_commit_skips_offsets_already_committed() -> None:
     tracker: OffsetTracker[tuple[str, int]] = OffsetTracker()
     tracker.finish(P0, 0, tracker.start(P0, 0))
     offsets = tracker.to_commit()
-    assert offsets == {P0: (1, 0)}
+    assert offsets == {P0: (1, CommitProgress(0, 1))}
     tracker.committed(offsets)
     assert tracker.to_commit() == {}
     tracker.start(P0, 1)
@@ -63,10 +64,10 @@ def test_lines_done_past_the_commit_are_committed_as_they_change() -> None:
     epochs = {offset: tracker.start(P0, offset) for offset in range(5)}
     tracker.finish(P0, 3, epochs[3])
     offsets = tracker.to_commit()
-    assert offsets == {P0: (0, 1)}  # 0 runs; 3 is done past it
+    assert offsets == {P0: (0, CommitProgress(1, 5))}  # 0 runs; 3 is done past it; 0-4 read
     tracker.committed(offsets)
     assert tracker.to_commit() == {}  # nothing changed since
     tracker.finish(P0, 1, epochs[1])
-    assert tracker.to_commit() == {P0: (0, 2)}  # the same offset, one more line done past it
+    assert tracker.to_commit() == {P0: (0, CommitProgress(2, 5))}  # one more done past the same offset
     tracker.finish(P0, 0, epochs[0])
-    assert tracker.to_commit() == {P0: (2, 1)}  # 0 and 1 done: 2 runs, 3 done past it
+    assert tracker.to_commit() == {P0: (2, CommitProgress(1, 5))}  # 0 and 1 done: 2 runs, 3 done past it

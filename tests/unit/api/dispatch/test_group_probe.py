@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from services.api.dispatch.meter import GroupProbe
-from shared.topics import commit_metadata
+from shared.topics import CommitProgress
 
 NOT_COORDINATOR = 16
 
@@ -95,9 +95,10 @@ async def test_a_failed_read_finds_the_coordinator_again(probe_and_fake: Any) ->
 
 async def test_the_lines_done_past_each_commit_are_read_from_its_metadata(probe_and_fake: Any) -> None:
     probe, fake = probe_and_fake
-    assert (await probe.read("g", "t", 2)).done_past == {}  # a broker that keeps none: 0
-    fake.metadata = commit_metadata(7)
+    assert (await probe.read("g", "t", 2)).progress == {}  # a broker that keeps none
+    fake.metadata = CommitProgress(done_past=7, read_to=30).encode()
     reading = await probe.read("g", "t", 2)
-    assert reading.committed == {0: 10, 1: 10} and reading.done_past == {0: 7, 1: 7}
+    assert reading.committed == {0: 10, 1: 10}
+    assert reading.progress == {0: CommitProgress(7, 30), 1: CommitProgress(7, 30)}
     fake.metadata = "another writer's note"
-    assert (await probe.read("g", "t", 2)).done_past == {}
+    assert (await probe.read("g", "t", 2)).progress == {}

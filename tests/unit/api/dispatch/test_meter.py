@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from services.api.dispatch.meter import Backlog
+from services.api.dispatch.meter import Backlog, GroupReading, done_past
+from shared.topics import CommitProgress
 from tests.support.fakes import FakeClock
 
 
@@ -127,3 +128,23 @@ def test_lines_answered_past_the_commit_leave_the_backlog() -> None:
     assert meter.lag == 100 and meter.allowance(ours_in_topic=100) == 0  # the workers held dry
     meter.observe({0: 0}, members=1, now=1.0, waiting=True, answered={0: 99})
     assert meter.lag == 1 and meter.allowance(ours_in_topic=1) == meter.target - 1
+
+
+def test_the_workers_count_past_the_commit_and_our_answered_lines_combine() -> None:
+    # The worker counts 40 lines done past its commit of partition 0, the aggregator has 55 of
+    # ours (read later, or the worker's commit is older): the larger stands; partition 1's worker
+    # sent no metadata (a broker that keeps none), so the aggregator's count stands alone there.
+    reading = GroupReading(committed={0: 0, 1: 0}, progress={0: CommitProgress(40, 100)}, members=1)
+    done, read_to = done_past(reading, {0: 55, 1: 7})
+    assert done == {0: 55, 1: 7} and read_to == {0: 100}
+    assert done_past(reading, {})[0] == {0: 40}
+
+
+def test_lines_a_pipeline_wrote_after_our_last_send_count_from_the_workers_read_position() -> None:
+    # We sent offsets 0-99; a pipeline wrote 100-149, and the worker has read them all. One line
+    # (offset 0) runs and 139 are done past it, some of them the pipeline's: 10 are not done.
+    meter = backlog()
+    for offset in range(100):
+        meter.produced(0, offset)
+    meter.observe({0: 0}, members=1, now=0.0, waiting=True, answered={0: 139}, read_to={0: 150})
+    assert meter.lag == 11  # not 100 - 139 (below zero: "ran dry", the target doubled)
