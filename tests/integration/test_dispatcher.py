@@ -602,11 +602,12 @@ async def test_projects_share_and_a_priority_orders_only_its_own_projects_batche
     assert 0.35 <= share <= 0.65, f"project shares {share:.2f} / {1 - share:.2f} (3 batches / 1)"
     # Priority, within the default project only: while the urgent batch's 600 lines went, the
     # default project's other batches waited, and the other team kept about half of the lines
-    # (with a priority across projects it would have had none of them).
+    # (with a priority across projects it would have had none of them): about 600, and at least
+    # half that whatever the rounds' boundaries (the urgent batch's head start goes first).
     urgent_at = [i for i, s in enumerate(order) if s.batch_id == urgent.id]
     during = Counter(project_of.get(s.batch_id, "urgent") for s in order[urgent_at[0] : urgent_at[-1]])
     assert during["default"] <= 50, f"{during['default']} lines of the default project's other batches"
-    assert 400 <= during["other-team"] <= 900, f"the other team got {during['other-team']} beside 600"
+    assert 300 <= during["other-team"] <= 900, f"the other team got {during['other-team']} beside 600"
     for owner, batch in ((client, urgent), *((client, b) for b in mine), (other, theirs)):
         await owner.batches.cancel(batch.id)
     await other.close()
