@@ -7,8 +7,8 @@ inference group's committed offset, less the lines past it already done (a worke
 partition only up to its oldest line in flight and runs lines out of offset order: behind one
 long or waiting line, every line done after it would count as waiting, and the target would hold
 the workers dry). Those are counted by the worker itself (its commit's metadata,
-``shared.topics.commit_metadata``), or, on a broker that keeps no commit metadata, are our lines
-the aggregator has a result of (the loop passes both; the larger count stands).
+``shared.topics.CommitProgress``), or, on a broker that keeps no commit metadata, are our lines
+the aggregator has a result of (``done_past`` takes the larger of the two).
 Lines of direct-Kafka pipelines sent before our last send count too; lines sent after it are
 seen at our next send.
 
