@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 1.0  # the committed offsets move in steps (workers commit every 0.1 s): smooth
 DRAIN_FRACTION = 0.125  # read the offsets again once about this much of the backlog has drained
+TARGET_DECAY_PER_S = 0.8  # a target above what the rate needs relaxes by this factor per second
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Backlog:
     _history: deque[tuple[float, int]] = field(default_factory=deque)
     _target: float = 0.0
     _ran_dry: bool = True  # the last reading found every line sent committed (or none was taken)
+    _observed_at: float | None = None
 
     def produced(self, partition: int, offset: int) -> None:
         """A send acknowledged at ``offset`` (acks come in offset order per partition; taking the
@@ -87,7 +89,8 @@ class Backlog:
 
         ``waiting``: lines are queued for the topic. If the group had committed everything (the
         workers ran dry between two commits) the target doubles (slow start); otherwise it
-        relaxes towards what the rate needs.
+        relaxes towards what the rate needs, by ``TARGET_DECAY_PER_S`` a second however often
+        the group is read (commits that stall for a moment must not shrink it in a few readings).
         """
         self.committed.update(committed)
         self.answered = dict(answered or {})
@@ -105,7 +108,9 @@ class Backlog:
             grown = min(max(2 * self._target, self.min_backlog), 4 * needed)
             self._target = min(self.max_backlog, max(needed, grown))
         else:
-            self._target = max(needed, 0.8 * self._target)
+            elapsed = 0.0 if self._observed_at is None else max(0.0, now - self._observed_at)
+            self._target = max(needed, self._target * TARGET_DECAY_PER_S**elapsed)
+        self._observed_at = now
 
     @property
     def _needed(self) -> float:

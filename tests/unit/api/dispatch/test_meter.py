@@ -41,6 +41,31 @@ def test_the_target_doubles_while_the_workers_run_dry_with_a_fake_clock() -> Non
     assert meter.target < 1000
 
 
+def ramped_then_stalled(readings_per_s: int) -> list[int]:
+    """A meter whose target ramped to 1,000, then one second of commits standing still while
+    lines wait, read ``readings_per_s`` times (fake clock)."""
+    clock = FakeClock()
+    meter = backlog(max_backlog=1000)
+    for step in range(8):
+        meter.produced(0, step * 100)
+        meter.observe({0: step * 100 + 1}, members=1, now=clock(), waiting=True)
+        clock.advance(0.2)
+    meter.produced(0, 5000)
+    targets = []
+    for _ in range(readings_per_s):
+        clock.advance(1.0 / readings_per_s)
+        meter.observe({0: 801}, members=1, now=clock(), waiting=True)
+        targets.append(meter.target)
+    return targets
+
+
+def test_a_stalled_target_relaxes_per_second_not_per_reading_with_a_fake_clock() -> None:
+    read_often, read_once = ramped_then_stalled(10), ramped_then_stalled(1)
+    # 1,000 at the ramp's last reading, 1.2 s before: 0.8 ** 1.2 of it, however often it is read
+    assert read_often[-1] == read_once[-1] == 766
+    assert read_often[0] > 900  # a tenth of a second later it has barely moved
+
+
 def test_the_allowance_fills_the_topic_up_to_the_target() -> None:
     meter = backlog()
     meter.observe({0: 10}, members=1, now=0.0, waiting=False)
