@@ -1,4 +1,5 @@
-"""The inference worker's consumer against a real Kafka-protocol broker of its own, with the fake engine.
+"""The inference worker's consumer against a real Kafka-protocol broker of its own (the session's
+Kafka on the real servers), with the fake engine.
 
 Publishes request messages naming a reply topic, runs the consumer in-process, and checks one
 result per request (right custom_ids, invalid and expired lines answered as such) and the
@@ -30,7 +31,7 @@ from shared.settings import KafkaSettings
 from shared.topics import CommitProgress, control_topic, requests_topic
 from tests.support.fresh_kafka import fresh_kafka
 from tests.support.private_servers import private_broker
-from tests.support.real_servers import requested_broker
+from tests.support.real_servers import TESTCONTAINERS, on_real_servers, requested, requested_broker
 from tests.support.signing import api_headers
 from tests.support.waiting import eventually
 
@@ -39,7 +40,15 @@ MODEL = "fake-model"
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[str]:
+def broker(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A broker of the module's own (the run's stand-in); on the real servers
+    (``BATCHSTREAM_TEST_SERVERS=testcontainers``), the session's Kafka: each test's topics are
+    fresh either way."""
+    if requested() == TESTCONTAINERS:
+        session = request.getfixturevalue("stand_ins")  # started first: are they the real ones?
+        if on_real_servers():
+            yield session.kafka_settings().bootstrap_servers
+            return
     port = free_port()
     with private_broker(port):
         yield f"127.0.0.1:{port}"
@@ -266,12 +275,12 @@ async def test_the_lines_done_past_a_commit_reach_the_dispatchers_reading(kafka:
             kafka=kafka,
         )
         running = asyncio.create_task(worker.run())
-        keeps_metadata = requested_broker() != "tansu"
+        keeps_metadata = on_real_servers() or requested_broker() != "tansu"  # Kafka keeps it
         probe = GroupProbe(make_admin(kafka))
         try:
             assert len(await _collect(kafka, reply, 6)) == 6  # the short lines are answered
 
-            # On noida-db: the long line's offset, six done past it, seven read; on Tansu: none.
+            # On Kafka and noida-db: the long line's offset, six done past it, seven read; on Tansu: none.
             expected = {first.partition: CommitProgress(6, first.offset + 7)} if keeps_metadata else {}
 
             async def six_done_past() -> GroupReading | None:

@@ -4,8 +4,9 @@
 production uses (the images docker-compose.yml pins), started in Docker by testcontainers and
 published on 127.0.0.1 (a local Docker engine). Where no Docker engine answers (as on the build
 machines), or testcontainers cannot start them, the suite falls back to the stand-ins (Tansu,
-SecantusDB, SeaweedFS) and says why once. Unset, or ``stand-ins``: the stand-ins, with SeaweedFS
-or a JuiceFS gateway as the S3 server (``object_stores``: ``BATCHSTREAM_TEST_OBJECT_STORE``).
+SecantusDB, SeaweedFS) and says why once; with ``BATCHSTREAM_TEST_SERVERS_REQUIRED=1`` (``make
+test-real``, a release check) it fails the run instead. Unset, or ``stand-ins``: the stand-ins, with
+SeaweedFS or a JuiceFS gateway as the S3 server (``object_stores``: ``BATCHSTREAM_TEST_OBJECT_STORE``).
 
 ``BATCHSTREAM_TEST_BROKER=noida`` makes every stand-in stack of the run (the session's, and the
 stacks and private brokers of modules that start their own) use noida-db as its Kafka broker
@@ -29,6 +30,8 @@ from tests.support.object_stores import session_object_store
 SWITCH = "BATCHSTREAM_TEST_SERVERS"
 TESTCONTAINERS = "testcontainers"
 STAND_IN_SERVERS = "stand-ins"
+REQUIRED_SWITCH = "BATCHSTREAM_TEST_SERVERS_REQUIRED"
+"""``1``: real servers asked for and unavailable fail the run (no fallback to the stand-ins)."""
 
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers' KafkaContainer needs Confluent's image
 MONGO_IMAGE = "mongo:8.0.12"
@@ -42,6 +45,18 @@ BROKER_SWITCH = "BATCHSTREAM_TEST_BROKER"
 
 class FallbackToStandIns(RuntimeError):
     """Real servers were asked for and cannot run here; the message says why."""
+
+
+class RealServersUnavailable(RuntimeError):
+    """Real servers were required (``REQUIRED_SWITCH``) and cannot run here; the message says why."""
+
+
+_containers_running = False  # set while ``servers_for_tests`` yields the containers
+
+
+def on_real_servers() -> bool:
+    """Whether the session's servers are the real ones (started, not fallen back from)."""
+    return _containers_running
 
 
 def requested(environ: dict[str, str] | None = None) -> str:
@@ -91,10 +106,17 @@ def servers_for_tests(stack: Stack, environ: dict[str, str] | None = None) -> It
         if problem is None:
             try:
                 with _containers(stack) as real:
-                    yield real
+                    global _containers_running
+                    _containers_running = True
+                    try:
+                        yield real
+                    finally:
+                        _containers_running = False
                 return
             except FallbackToStandIns as exc:
                 problem = str(exc)
+        if (os.environ if environ is None else environ).get(REQUIRED_SWITCH) == "1":
+            raise RealServersUnavailable(f"{SWITCH}=testcontainers ({REQUIRED_SWITCH}=1): {problem}")
         warnings.warn(f"{SWITCH}=testcontainers: {problem}; using the stand-ins", stacklevel=3)
     with session_object_store(stack, environ) as stand_ins:  # SeaweedFS, or JuiceFS (its switch)
         stack.start(stand_ins)

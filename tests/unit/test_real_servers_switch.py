@@ -8,6 +8,7 @@ where an engine does answer (there the integration suite itself exercises the co
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -16,8 +17,11 @@ from deploy.local import STAND_INS
 from tests.support import real_servers
 from tests.support.real_servers import (
     BROKER_SWITCH,
+    REQUIRED_SWITCH,
     SWITCH,
+    RealServersUnavailable,
     docker_engine_problem,
+    on_real_servers,
     requested,
     requested_broker,
     servers_for_tests,
@@ -66,6 +70,28 @@ def test_containers_that_fail_to_start_fall_back_too(monkeypatch: pytest.MonkeyP
     ):
         assert servers is stack
     assert stack.started == [tuple(STAND_INS)]
+
+
+def test_a_release_check_fails_rather_than_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(real_servers, "docker_engine_problem", lambda: "fake: no Docker engine")
+    stack = RecordingFakeStack()
+    required = {SWITCH: "testcontainers", REQUIRED_SWITCH: "1"}
+    with (
+        pytest.raises(RealServersUnavailable, match="no Docker engine"),
+        servers_for_tests(stack, required),  # type: ignore[arg-type]
+    ):
+        pass
+    assert stack.started == []  # no stand-in started in their place
+
+
+def test_the_containers_are_known_to_run_only_while_they_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(real_servers, "docker_engine_problem", lambda: None)
+    monkeypatch.setattr(real_servers, "_containers", lambda stack: nullcontext(stack))  # fake containers
+    stack = RecordingFakeStack()
+    assert not on_real_servers()
+    with servers_for_tests(stack, {SWITCH: "testcontainers"}):  # type: ignore[arg-type]
+        assert on_real_servers()
+    assert not on_real_servers() and stack.started == []
 
 
 def test_by_default_the_stand_ins_run_without_asking_docker(monkeypatch: pytest.MonkeyPatch) -> None:
