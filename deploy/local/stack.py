@@ -32,6 +32,7 @@ from deploy.local.catalogue import (
     Broker,
     Component,
     ModelSpec,
+    broker_of,
     components,
     start_phase,
     start_rank,
@@ -167,6 +168,11 @@ class Stack:
         """The component's PID if it is running, else None."""
         ref = self._ref(name)
         return ref.pid if ref is not None and processes.is_running(ref) else None
+
+    def running_broker(self) -> Broker | None:
+        """The broker the running ``kafka`` component is (None when none runs, or unknown)."""
+        ref = self._ref("kafka")
+        return broker_of(processes.command_line(ref)) if ref is not None else None
 
     def wait_exit(self, name: str, timeout_s: float) -> int | None:
         """The exit status of a component this process started, once it exits (None if this

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from deploy.local import catalogue
+from deploy.local import catalogue, processes
 from deploy.local.cli import build_stack, ports
 from deploy.local.ports import Ports
 from deploy.local.stack import Stack
@@ -76,3 +76,26 @@ def test_make_up_s_broker_option_picks_the_broker_and_refuses_others(tmp_path: P
     assert build_stack(tmp_path, broker="noida").broker == "noida"
     with pytest.raises(typer.BadParameter, match="tansu, noida"):
         build_stack(tmp_path, broker="kafka")
+
+
+def test_each_broker_s_command_line_names_its_broker(tmp_path: Path) -> None:
+    for broker in catalogue.BROKERS:
+        argv = catalogue.broker_command(broker, 29092, tmp_path)
+        assert catalogue.broker_of(argv) == broker
+    assert catalogue.broker_of(["/usr/bin/kafka-server-start.sh"]) is None
+    assert catalogue.broker_of([]) is None
+
+
+def test_status_and_down_describe_the_broker_that_runs_with_a_fake_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running = Stack(tmp_path, ports=ports(["kafka=29092"]), broker="noida")
+    running.run_dir.mkdir(parents=True)
+    running.pid_file("kafka").write_text("4242\n")
+    noida_argv = running.components()["kafka"].argv
+    monkeypatch.setattr(processes, "command_line", lambda ref: noida_argv if ref.pid == 4242 else [])
+    stack = build_stack(tmp_path)  # as `make status` and `make down` build it: no --broker
+    assert stack.broker == "noida"
+    assert "noida-db" in stack.components()["kafka"].description
+    monkeypatch.setattr(processes, "command_line", lambda ref: [])  # it stopped
+    assert build_stack(tmp_path).broker == catalogue.DEFAULT_BROKER
