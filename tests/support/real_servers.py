@@ -67,6 +67,15 @@ def requested(environ: dict[str, str] | None = None) -> str:
     return value
 
 
+def runs_on_tansu(environ: dict[str, str] | None = None) -> bool:
+    """Whether the run's Kafka is Tansu (its workarounds then apply): the stand-in broker asked
+    for is Tansu, and the real servers are not required (``make test-real``: Apache Kafka, or
+    no run at all). Known before the session starts, for settings made at import."""
+    env = dict(os.environ) if environ is None else environ
+    required = requested(env) == TESTCONTAINERS and env.get(REQUIRED_SWITCH) == "1"
+    return requested_broker(env) == "tansu" and not required
+
+
 def requested_broker(environ: dict[str, str] | None = None) -> Broker:
     """Which Kafka broker the run's stand-in stacks use: ``tansu`` (default) or ``noida``."""
     try:

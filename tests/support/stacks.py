@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from deploy.local import ModelSpec, Stack, free_port, free_ports
-from tests.support.real_servers import requested_broker
+from tests.support.real_servers import runs_on_tansu
 from tests.support.waiting import wait_until
 
 TEST_MODEL_NAME = os.environ.get("BATCHSTREAM_TEST_MODEL_NAME", "tiny-llama")
@@ -48,7 +48,7 @@ FAKE_STACK_ENV = {
     "BATCHSTREAM_AGGREGATOR_HEARTBEAT_INTERVAL_S": "1",
     "BATCHSTREAM_AGGREGATOR_REBALANCE_TIMEOUT_S": "6",
     "BATCHSTREAM_AGGREGATOR_COMMIT_INTERVAL_S": "0.5",
-    **(TANSU_AGGREGATOR_ENV if requested_broker() == "tansu" else {}),
+    **(TANSU_AGGREGATOR_ENV if runs_on_tansu() else {}),
 }
 
 OwnStack = Callable[..., AbstractContextManager[Stack]]

@@ -24,6 +24,7 @@ from tests.support.real_servers import (
     on_real_servers,
     requested,
     requested_broker,
+    runs_on_tansu,
     servers_for_tests,
 )
 
@@ -118,3 +119,10 @@ def test_the_broker_switch_picks_tansu_unless_noida_is_asked_for() -> None:
     assert requested_broker({BROKER_SWITCH: "noida"}) == "noida"
     with pytest.raises(ValueError, match="tansu, noida"):
         requested_broker({BROKER_SWITCH: "kafka"})
+
+
+def test_tansu_s_workarounds_apply_unless_another_kafka_is_sure() -> None:
+    assert runs_on_tansu({})
+    assert runs_on_tansu({SWITCH: "testcontainers"})  # it may fall back to the stand-ins
+    assert not runs_on_tansu({SWITCH: "testcontainers", REQUIRED_SWITCH: "1"})  # make test-real
+    assert not runs_on_tansu({BROKER_SWITCH: "noida"})

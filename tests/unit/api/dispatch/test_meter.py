@@ -54,7 +54,7 @@ def ramped_then_stalled(readings_per_s: int) -> list[int]:
     targets = []
     for _ in range(readings_per_s):
         clock.advance(1.0 / readings_per_s)
-        meter.observe({0: 801}, members=1, now=clock(), waiting=True)
+        meter.observe({0: 701}, members=1, now=clock(), waiting=True)  # the commit stands still
         targets.append(meter.target)
     return targets
 
