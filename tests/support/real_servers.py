@@ -71,9 +71,13 @@ def runs_on_tansu(environ: dict[str, str] | None = None) -> bool:
     """Whether the run's Kafka is Tansu (its workarounds then apply): the stand-in broker asked
     for is Tansu, and the real servers are not required (``make test-real``: Apache Kafka, or
     no run at all). Known before the session starts, for settings made at import."""
-    env = dict(os.environ) if environ is None else environ
-    required = requested(env) == TESTCONTAINERS and env.get(REQUIRED_SWITCH) == "1"
-    return requested_broker(env) == "tansu" and not required
+    return requested_broker(environ) == "tansu" and not required(environ)
+
+
+def required(environ: dict[str, str] | None = None) -> bool:
+    """Whether the run asks for the real servers and no fallback (``REQUIRED_SWITCH``)."""
+    env = os.environ if environ is None else environ
+    return requested(environ) == TESTCONTAINERS and env.get(REQUIRED_SWITCH) == "1"
 
 
 def requested_broker(environ: dict[str, str] | None = None) -> Broker:
@@ -124,7 +128,7 @@ def servers_for_tests(stack: Stack, environ: dict[str, str] | None = None) -> It
                 return
             except FallbackToStandIns as exc:
                 problem = str(exc)
-        if (os.environ if environ is None else environ).get(REQUIRED_SWITCH) == "1":
+        if required(environ):
             raise RealServersUnavailable(f"{SWITCH}=testcontainers ({REQUIRED_SWITCH}=1): {problem}")
         warnings.warn(f"{SWITCH}=testcontainers: {problem}; using the stand-ins", stacklevel=3)
     with session_object_store(stack, environ) as stand_ins:  # SeaweedFS, or JuiceFS (its switch)
