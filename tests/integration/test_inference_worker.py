@@ -296,3 +296,19 @@ async def test_the_lines_done_past_a_commit_reach_the_dispatchers_reading(kafka:
             await probe.close()
     finally:
         await producer.stop()
+
+
+async def test_the_services_producers_are_idempotent_where_the_broker_has_it(kafka: KafkaSettings) -> None:
+    """Apache Kafka and noida-db give a producer an id (InitProducerId), so a retried send is
+    written once; Tansu has none, and its stacks turn the idempotent producer off."""
+    has_idempotence = on_real_servers() or not runs_on_tansu()
+    assert kafka.idempotent_producer == has_idempotence
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(requests_topic(kafka, MODEL), b"{}")
+        assert meta.offset >= 0
+        state = producer._txn_manager  # aiokafka's idempotence state: the broker-given id
+        assert (state is not None and state.producer_id >= 0) == has_idempotence
+    finally:
+        await producer.stop()

@@ -177,7 +177,9 @@ def _containers(stack: Stack) -> Iterator[Stack]:
             mongo=int(mongo.get_exposed_port(27017)),
             s3=int(minio.get_exposed_port(minio.port)),
         )
-        yield replace(stack, ports=ports)
+        # Apache Kafka has the idempotent producer whatever broker the stand-ins would have been.
+        kafka_defaults = {"BATCHSTREAM_KAFKA_IDEMPOTENT_PRODUCER": "true"}
+        yield replace(stack, ports=ports, extra_env={**stack.extra_env, **kafka_defaults})
 
 
 def _initiate_replica_set(mongo: Any) -> None:
