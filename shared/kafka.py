@@ -109,7 +109,6 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
         "max_batch_size": 1024 * 1024,
         "max_request_size": settings.max_request_bytes,
         "compression_type": None,
-        "enable_idempotence": settings.idempotent_producer,
     }
     options.update(overrides)
     return AIOKafkaProducer(**options)

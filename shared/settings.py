@@ -169,15 +169,6 @@ class KafkaSettings(BaseSettings):
     line whose message is larger, or that the broker refuses as too large, that line's
     ``line_undeliverable`` error result."""
 
-    idempotent_producer: bool = True
-    """Every producer of this service is Kafka's idempotent producer (aiokafka's
-    ``enable_idempotence``): the broker drops a batch that a producer's retry sends twice, so a
-    request or result message is written once however often a send is retried. Apache Kafka and
-    noida-db have it; Tansu (the default local and test broker) answers ``InitProducerId`` with an
-    error, so the local and test stacks on Tansu set ``false``. The aggregator's faust producer is
-    not covered (faust makes a producer idempotent only inside its transactions); its writes are
-    idempotent in effect (docs/guarantees.md)."""
-
     @field_validator("reply_topic_pattern")
     @classmethod
     def _pattern_compiles(cls, pattern: str) -> str:

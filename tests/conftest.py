@@ -11,23 +11,15 @@ The code behind the fixtures, and every helper tests share, lives in ``tests.sup
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from deploy.local import Stack, free_ports
-from deploy.local.catalogue import BROKER_SETTINGS
-from tests.support.real_servers import requested_broker, runs_on_tansu, servers_for_tests
+from tests.support.real_servers import requested_broker, servers_for_tests
 
 SESSION_ID = uuid.uuid4().hex[:8]  # names this session's topics, database and bucket
-
-# The clients tests build in-process (``KafkaSettings(...)``) follow the broker's needs, as the
-# stacks' services do (``Stack.env``): on Tansu, no idempotent producer.
-if runs_on_tansu():
-    for _key, _value in BROKER_SETTINGS["tansu"].items():
-        os.environ.setdefault(_key, _value)
 
 
 @pytest.fixture(scope="session")

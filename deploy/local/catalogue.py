@@ -50,11 +50,6 @@ def parse_broker(name: str) -> Broker:
 
 
 BROKER_NAMES: dict[Broker, str] = {"tansu": "Tansu", "noida": "noida-db"}
-BROKER_SETTINGS: dict[Broker, dict[str, str]] = {
-    "tansu": {"BATCHSTREAM_KAFKA_IDEMPOTENT_PRODUCER": "false"},  # no InitProducerId
-    "noida": {},
-}
-"""What each broker needs of every service and client beside Apache Kafka's defaults."""
 STAND_INS = ("kafka", "mongo", "s3")
 # SeaweedFS holds ~232 MB of live Go heap from its start, most of it never touched (~115 MB
 # resident). Under a 256 MiB GOMEMLIMIT the Go GC ran at its limit from the start: a cycle every

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 
 from deploy.local import processes
 from deploy.local.catalogue import (
-    BROKER_SETTINGS,
     DEFAULT_BROKER,
     REPO_ROOT,
     Broker,
@@ -134,7 +133,6 @@ class Stack:
             "BATCHSTREAM_API_KEYS": ApiSettings().keys,
             "BATCHSTREAM_AGGREGATOR_WEB_PORT": str(p.aggregator),
             "BATCHSTREAM_AGGREGATOR_DATA_DIR": str(self.data_dir / "aggregator"),
-            **BROKER_SETTINGS[self.broker],
         }
         env.update(self.extra_env)
         return env
@@ -144,12 +142,9 @@ class Stack:
         return {**os.environ, **self.env(), "PYTHONUNBUFFERED": "1", **extra}
 
     def kafka_settings(self) -> KafkaSettings:
-        """The Kafka settings this stack gives its services (broker, prefix, the broker's needs)."""
-        prefix = "BATCHSTREAM_KAFKA_"
-        given: dict[str, Any] = {
-            k[len(prefix) :].lower(): v for k, v in self.env().items() if k.startswith(prefix)
-        }
-        return KafkaSettings(**given)
+        return KafkaSettings(
+            bootstrap_servers=f"127.0.0.1:{self.ports.kafka}", topic_prefix=self.topic_prefix
+        )
 
     def storage_settings(self) -> StorageSettings:
         return StorageSettings(endpoint=f"127.0.0.1:{self.ports.s3}", bucket=self.bucket, secure=False)

@@ -1,13 +1,12 @@
 """Run a JSONL file of requests through Kafka directly, without the HTTP api, and print the results.
 
-    BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092 BATCHSTREAM_KAFKA_IDEMPOTENT_PRODUCER=false \\
+    BATCHSTREAM_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092 \\
         python docs/examples/kafka_direct.py requests.jsonl --model gemma-3-270m --reply-topic my-replies
 
 Each line of the file is an input-file line (``custom_id``, ``method``, ``url``, ``body``). The
 script publishes every line to the model's requests topic naming ``--reply-topic``, then prints one
 output line per request (the same JSON a batch's output or error file holds) as results arrive.
 It exits 0 when every request succeeded, 1 when some failed. Needs ``batchstream[service]``.
-(``IDEMPOTENT_PRODUCER=false`` for ``make up``'s default broker, Tansu, only.)
 """
 
 from __future__ import annotations

@@ -177,9 +177,7 @@ def _containers(stack: Stack) -> Iterator[Stack]:
             mongo=int(mongo.get_exposed_port(27017)),
             s3=int(minio.get_exposed_port(minio.port)),
         )
-        # Apache Kafka has the idempotent producer whatever broker the stand-ins would have been.
-        kafka_defaults = {"BATCHSTREAM_KAFKA_IDEMPOTENT_PRODUCER": "true"}
-        yield replace(stack, ports=ports, extra_env={**stack.extra_env, **kafka_defaults})
+        yield replace(stack, ports=ports)
 
 
 def _initiate_replica_set(mongo: Any) -> None:

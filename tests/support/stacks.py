@@ -122,7 +122,7 @@ def own_stack(
         mongo_database=f"{stand_ins.mongo_database}_{suffix}",
         bucket=f"{stand_ins.bucket}-{suffix}",
         environment="test",
-        extra_env={**stand_ins.extra_env, **(extra_env or {})},
+        extra_env=dict(extra_env or {}),
         inference_python=inference_python or stand_ins.inference_python,
     )
     wanted = list(services)
