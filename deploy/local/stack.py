@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from deploy.local import processes
 from deploy.local.catalogue import (
+    BROKER_SETTINGS,
     DEFAULT_BROKER,
     REPO_ROOT,
     Broker,
@@ -133,6 +134,7 @@ class Stack:
             "BATCHSTREAM_API_KEYS": ApiSettings().keys,
             "BATCHSTREAM_AGGREGATOR_WEB_PORT": str(p.aggregator),
             "BATCHSTREAM_AGGREGATOR_DATA_DIR": str(self.data_dir / "aggregator"),
+            **BROKER_SETTINGS[self.broker],
         }
         env.update(self.extra_env)
         return env
