@@ -54,7 +54,8 @@ class JourneyBook:
         self.grace_s = grace_s
         self.max_attempts = max(1, max_attempts)
         self.takeover_grace_s = takeover_grace_s
-        self._lines: dict[tuple[str, int], SentLine] = {}
+        self._lines: dict[str, dict[int, SentLine]] = {}  # batch -> line number -> its journey
+        self._count = 0
         self._uncommitted: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
         # Lines with a result the group has not committed past (a line before them still runs).
         self._answered: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
@@ -62,15 +63,18 @@ class JourneyBook:
         self._progress: dict[str, tuple[int, float]] = {}  # batch -> (lines seen, when it grew)
 
     def __len__(self) -> int:
-        return len(self._lines)
+        return self._count
 
     def sent(self, line: SentLine) -> None:
         key = (line.batch_id, line.line)
-        old = self._lines.get(key)
+        lines = self._lines.setdefault(line.batch_id, {})
+        old = lines.get(line.line)
         if old is not None:
             self._uncommitted[old.partition].pop(key, None)
             line.attempt = max(line.attempt, old.attempt + 1)
-        self._lines[key] = line
+        else:
+            self._count += 1
+        lines[line.line] = line
         self._uncommitted[line.partition][key] = line.offset
 
     def in_topic(self) -> int:
@@ -99,12 +103,12 @@ class JourneyBook:
                 continue
             for key in [k for k, off in waiting.items() if off < committed]:
                 del waiting[key]
-                self._lines[key].committed_at = now
+                self._lines[key[0]][key[1]].committed_at = now
 
     def batches_to_check(self) -> set[str]:
         """Batches with lines sent, or doubts: read their ``seen_lines`` (a line past the commit
         may be lost; one before it may have its result while an older line still runs)."""
-        return {b for b, _ in self._lines} | set(self._doubts)
+        return {b for b, lines in self._lines.items() if lines} | set(self._doubts)
 
     def progress(self, batch_id: str, seen: SeenLines, now: float) -> float:
         """When the aggregator last counted a new line of the batch (as far as we looked)."""
@@ -125,8 +129,8 @@ class JourneyBook:
         again: list[SentLine] = []
         lost: list[SentLine] = []
         stalled = self.progress(batch_id, seen, now) + self.grace_s <= now
-        for key in [k for k in self._lines if k[0] == batch_id]:
-            line = self._lines[key]
+        for line in list(self._lines.get(batch_id, {}).values()):
+            key = (batch_id, line.line)
             if line.line in seen:
                 if line.committed_at is None:
                     self._answered[line.partition][key] = line.offset
@@ -145,8 +149,8 @@ class JourneyBook:
         doubt = self._doubts.get(batch_id)
         if doubt is not None and doubt.since + self.takeover_grace_s > now:
             return False
-        for (owner, number), line in self._lines.items():
-            if owner != batch_id or number in seen:
+        for number, line in self._lines.get(batch_id, {}).items():
+            if number in seen:
                 continue
             if line.committed_at is None or line.committed_at + self.grace_s > now:
                 return False
@@ -168,17 +172,18 @@ class JourneyBook:
         return doubt
 
     def tracked(self, batch_id: str, line: int) -> bool:
-        return (batch_id, line) in self._lines
+        return line in self._lines.get(batch_id, ())
 
     def forget_line(self, batch_id: str, line: int) -> None:
         """A line that has its result another way (its error result): no longer tracked."""
-        if (batch_id, line) in self._lines:
+        if self.tracked(batch_id, line):
             self._drop((batch_id, line))
 
     def forget(self, batch_ids: Iterable[str]) -> None:
         gone = set(batch_ids)
-        for key in [k for k in self._lines if k[0] in gone]:
-            self._drop(key)
+        for batch_id in gone:
+            for number in list(self._lines.get(batch_id, ())):
+                self._drop((batch_id, number))
         for answered in self._answered.values():
             for key in [k for k in answered if k[0] in gone]:
                 del answered[key]
@@ -187,5 +192,9 @@ class JourneyBook:
             self._progress.pop(batch_id, None)
 
     def _drop(self, key: tuple[str, int]) -> None:
-        line = self._lines.pop(key)
+        lines = self._lines[key[0]]
+        line = lines.pop(key[1])
+        if not lines:
+            del self._lines[key[0]]
+        self._count -= 1
         self._uncommitted[line.partition].pop(key, None)
