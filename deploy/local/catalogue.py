@@ -52,12 +52,13 @@ def parse_broker(name: str) -> Broker:
 BROKER_NAMES: dict[Broker, str] = {"tansu": "Tansu", "noida": "noida-db"}
 # Tansu keeps no commit metadata, so the dispatcher learns of lines done past a stalled commit
 # only from its journey check (docs/dispatcher.md): every 0.25 s there instead of every second
-# (in the tenants benchmark a project beside a flood then finishes about 4% sooner).
+# (the tenants and tail figures with each: docs/benchmarks.md).
 BROKER_SETTINGS: dict[Broker, dict[str, str]] = {
     "tansu": {"BATCHSTREAM_DISPATCH_JOURNEY_CHECK_SECONDS": "0.25"},
     "noida": {},
 }
-"""What the services on each broker are set to beside the defaults (which are Apache Kafka's)."""
+"""What the services on a broker the stack runs are set to beside the defaults (which are Apache
+Kafka's); the caller's environment and ``extra_env`` win."""
 STAND_INS = ("kafka", "mongo", "s3")
 # SeaweedFS holds ~232 MB of live Go heap from its start, most of it never touched (~115 MB
 # resident). Under a 256 MiB GOMEMLIMIT the Go GC ran at its limit from the start: a cycle every

@@ -77,6 +77,7 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     inference_start_timeout_s: float = 600.0
     broker: Broker = DEFAULT_BROKER  # the ``kafka`` component (catalogue: Tansu in memory, or noida-db)
+    tuned_for_broker: bool = True  # its services get BROKER_SETTINGS (False: another Kafka serves it)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
@@ -134,14 +135,15 @@ class Stack:
             "BATCHSTREAM_API_KEYS": ApiSettings().keys,
             "BATCHSTREAM_AGGREGATOR_WEB_PORT": str(p.aggregator),
             "BATCHSTREAM_AGGREGATOR_DATA_DIR": str(self.data_dir / "aggregator"),
-            **BROKER_SETTINGS[self.broker],
         }
         env.update(self.extra_env)
         return env
 
     def service_env(self, **extra: str) -> dict[str, str]:
-        """A service process's whole environment: this one, the stack's settings, then ``extra``."""
-        return {**os.environ, **self.env(), "PYTHONUNBUFFERED": "1", **extra}
+        """A service process's whole environment: what its broker needs (``BROKER_SETTINGS``),
+        this process's environment, the stack's settings, then ``extra``."""
+        tuned = BROKER_SETTINGS[self.broker] if self.tuned_for_broker else {}
+        return {**tuned, **os.environ, **self.env(), "PYTHONUNBUFFERED": "1", **extra}
 
     def kafka_settings(self) -> KafkaSettings:
         return KafkaSettings(

@@ -177,7 +177,7 @@ def _containers(stack: Stack) -> Iterator[Stack]:
             mongo=int(mongo.get_exposed_port(27017)),
             s3=int(minio.get_exposed_port(minio.port)),
         )
-        yield replace(stack, ports=ports)
+        yield replace(stack, ports=ports, tuned_for_broker=False)  # Apache Kafka: its defaults
 
 
 def _initiate_replica_set(mongo: Any) -> None:

@@ -118,6 +118,7 @@ def own_stack(
         ),
         models=list(models),
         broker=stand_ins.broker,
+        tuned_for_broker=stand_ins.tuned_for_broker,
         topic_prefix=f"{stand_ins.topic_prefix}{suffix}.",
         mongo_database=f"{stand_ins.mongo_database}_{suffix}",
         bucket=f"{stand_ins.bucket}-{suffix}",
