@@ -143,6 +143,15 @@ def command_line(ref: ProcessRef) -> list[str]:
         return []
 
 
+def environment(ref: ProcessRef) -> dict[str, str]:
+    """The environment of the process ``ref`` names while it runs ({} otherwise, or unreadable)."""
+    proc = _process(ref)
+    try:
+        return dict(proc.environ()) if proc is not None else {}
+    except psutil.Error:
+        return {}
+
+
 def wait_exit(ref: ProcessRef, timeout_s: float) -> int | None:
     """The exit status of a process this process started, once it has exited (None if it is not
     one of ours); ``subprocess.TimeoutExpired`` if it still runs after ``timeout_s``."""

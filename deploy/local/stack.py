@@ -41,7 +41,7 @@ from deploy.local.catalogue import (
 )
 from deploy.local.errors import StackError
 from deploy.local.ports import Ports
-from deploy.local.probes import wait_ready
+from deploy.local.probes import Probe, http_ready, wait_ready
 from deploy.local.processes import ProcessRef
 from deploy.provision import provision, resume_in_flight
 from shared.settings import ApiSettings, KafkaSettings, MongoSettings, StorageSettings
@@ -195,20 +195,31 @@ class Stack:
 
     def status(self) -> dict[str, str]:
         """Each component's state: ``stopped``, ``healthy (pid N)``, ``running, not ready (pid N)``, or
-        ``running (pid N)`` for a worker of a model not in ``models`` (its port is not known)."""
+        ``running (pid N)`` for a process whose health cannot be asked. A worker of a model not in
+        ``models`` (``make status`` knows no models) is asked on the health port in its
+        environment."""
         comps = self.components()
         result = {}
         for name in sorted(set(comps) | set(self.known()), key=start_rank):
             pid = self.pid(name)
             if pid is None:
                 result[name] = "stopped"
-            elif name not in comps:  # a worker for a model this Stack was not told about
+                continue
+            ready = comps[name].ready if name in comps else self._worker_probe(name)
+            if ready is None:
                 result[name] = f"running (pid {pid})"
-            elif comps[name].ready():
+            elif ready():
                 result[name] = f"healthy (pid {pid})"
             else:
                 result[name] = f"running, not ready (pid {pid})"
         return result
+
+    def _worker_probe(self, name: str) -> Probe | None:
+        """The health check of a running worker this Stack was not told about, from its health
+        port (``BATCHSTREAM_INFERENCE_HEALTH_PORT`` in its environment); None if it has none."""
+        ref = self._ref(name)
+        port = processes.environment(ref).get("BATCHSTREAM_INFERENCE_HEALTH_PORT", "") if ref else ""
+        return http_ready(f"http://127.0.0.1:{port}/health") if port.isdigit() else None
 
     def start(self, names: Iterable[str] | None = None, *, strict: bool = True) -> list[Outcome]:
         """Start the named components (all by default) and wait until each is ready.

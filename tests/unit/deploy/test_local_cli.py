@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import typer
 
-from deploy.local import catalogue, processes
+from deploy.local import catalogue, free_port, processes
 from deploy.local.cli import build_stack, ports
 from deploy.local.ports import Ports
 from deploy.local.stack import Stack
 from services.inference.settings import InferenceSettings
+from tests.support.waiting import wait_until
 
 
 def test_port_options_replace_only_the_ports_they_name() -> None:
@@ -99,3 +103,41 @@ def test_status_and_down_describe_the_broker_that_runs_with_a_fake_process(
     assert "noida-db" in stack.components()["kafka"].description
     monkeypatch.setattr(processes, "command_line", lambda ref: [])  # it stopped
     assert build_stack(tmp_path).broker == catalogue.DEFAULT_BROKER
+
+
+HEALTH_SERVER = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_status_asks_a_worker_it_was_not_told_about_on_the_health_port_it_runs_with(
+    tmp_path: Path,
+) -> None:
+    """``make status`` builds its stack without the models: a worker's health port comes from the
+    worker's own environment; a process without one is only said to run."""
+    stack = build_stack(tmp_path)
+    stack.run_dir.mkdir(parents=True)
+    port = free_port()
+    env = {**os.environ, "BATCHSTREAM_INFERENCE_HEALTH_PORT": str(port)}
+    worker = subprocess.Popen([sys.executable, "-c", HEALTH_SERVER, str(port)], env=env)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name, proc in (("inference-some-model", worker), ("inference-other", other)):
+            stack.pid_file(name).write_text(processes.ProcessRef(proc.pid).dumps())
+        wait_until(lambda: stack.status()["inference-some-model"].startswith("healthy"), 10, "the worker")
+        assert stack.status()["inference-some-model"] == f"healthy (pid {worker.pid})"
+        assert stack.status()["inference-other"] == f"running (pid {other.pid})"
+        worker.kill()
+        worker.wait()
+        assert stack.status()["inference-some-model"] == "stopped"
+    finally:
+        for proc in (worker, other):
+            proc.kill()
+            proc.wait()
