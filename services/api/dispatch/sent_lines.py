@@ -55,7 +55,6 @@ class JourneyBook:
         self.max_attempts = max(1, max_attempts)
         self.takeover_grace_s = takeover_grace_s
         self._lines: dict[str, dict[int, SentLine]] = {}  # batch -> line number -> its journey
-        self._count = 0
         self._uncommitted: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
         # Lines with a result the group has not committed past (a line before them still runs).
         self._answered: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
@@ -63,7 +62,7 @@ class JourneyBook:
         self._progress: dict[str, tuple[int, float]] = {}  # batch -> (lines seen, when it grew)
 
     def __len__(self) -> int:
-        return self._count
+        return sum(map(len, self._lines.values()))
 
     def sent(self, line: SentLine) -> None:
         key = (line.batch_id, line.line)
@@ -72,8 +71,6 @@ class JourneyBook:
         if old is not None:
             self._uncommitted[old.partition].pop(key, None)
             line.attempt = max(line.attempt, old.attempt + 1)
-        else:
-            self._count += 1
         lines[line.line] = line
         self._uncommitted[line.partition][key] = line.offset
 
@@ -196,5 +193,4 @@ class JourneyBook:
         line = lines.pop(key[1])
         if not lines:
             del self._lines[key[0]]
-        self._count -= 1
         self._uncommitted[line.partition].pop(key, None)
