@@ -310,6 +310,20 @@ def _prepare_s3(s3_dir: Path, identities: Path, access_key: str, secret_key: str
     identities.chmod(0o600)
 
 
+WORKER_HEALTH_PORT_ENV = "BATCHSTREAM_INFERENCE_HEALTH_PORT"
+
+
+def health_url(port: int) -> str:
+    """A service's health endpoint on 127.0.0.1 (the api's, the aggregator's, a worker's)."""
+    return f"http://127.0.0.1:{port}/health"
+
+
+def worker_health(environment: Mapping[str, str]) -> Probe | None:
+    """The health check of a worker started with ``environment`` (None without a health port)."""
+    port = environment.get(WORKER_HEALTH_PORT_ENV, "")
+    return http_ready(health_url(int(port))) if port.isdigit() else None
+
+
 def _api(stack: StackLayout) -> Component:
     port = stack.ports.api
     return Component(
@@ -326,7 +340,7 @@ def _api(stack: StackLayout) -> Component:
             str(port),
         ],
         stack.service_env(),
-        http_ready(f"http://127.0.0.1:{port}/health"),
+        http_ready(health_url(port)),
         start_timeout_s=60,
         description=f"api {stack.base_url}",
     )
@@ -352,10 +366,10 @@ def _aggregator(stack: StackLayout) -> Component:
         "aggregator",
         [stack.main_python, "-m", "services.aggregator"],
         env,
-        http_ready(f"http://127.0.0.1:{port}/health"),
+        http_ready(health_url(port)),
         start_timeout_s=90,
         prepare=lambda: data.mkdir(parents=True, exist_ok=True),
-        description=f"aggregator http://127.0.0.1:{port}/health",
+        description=f"aggregator {health_url(port)}",
     )
 
 
@@ -381,7 +395,7 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         "BATCHSTREAM_INFERENCE_SERVED_MODEL_NAME": model.served_name,
         "BATCHSTREAM_INFERENCE_RUNNER": model.runner,
         "BATCHSTREAM_INFERENCE_REMOTE_URL": model.remote_url,
-        "BATCHSTREAM_INFERENCE_HEALTH_PORT": str(port),
+        WORKER_HEALTH_PORT_ENV: str(port),
         "BATCHSTREAM_INFERENCE_ENFORCE_EAGER": "true",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "HF_HUB_OFFLINE": "1",
@@ -406,10 +420,9 @@ def _inference(stack: StackLayout, n: int, model: ModelSpec) -> Component:
         model.component,
         [python, "-m", "services.inference"],
         service_env,
-        http_ready(f"http://127.0.0.1:{port}/health"),
+        http_ready(health_url(port)),
         start_timeout_s=stack.inference_start_timeout_s,
-        description=f"inference {model.served_name} ({model.remote_url or model.path}) "
-        f"http://127.0.0.1:{port}/health",
+        description=f"inference {model.served_name} ({model.remote_url or model.path}) {health_url(port)}",
     )
 
 

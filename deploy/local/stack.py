@@ -38,10 +38,11 @@ from deploy.local.catalogue import (
     start_phase,
     start_rank,
     stop_timeout_s,
+    worker_health,
 )
 from deploy.local.errors import StackError
 from deploy.local.ports import Ports
-from deploy.local.probes import Probe, http_ready, wait_ready
+from deploy.local.probes import Probe, wait_ready
 from deploy.local.processes import ProcessRef
 from deploy.provision import provision, resume_in_flight
 from shared.settings import ApiSettings, KafkaSettings, MongoSettings, StorageSettings
@@ -215,11 +216,10 @@ class Stack:
         return result
 
     def _worker_probe(self, name: str) -> Probe | None:
-        """The health check of a running worker this Stack was not told about, from its health
-        port (``BATCHSTREAM_INFERENCE_HEALTH_PORT`` in its environment); None if it has none."""
+        """The health check of a running worker this Stack was not told about, from the health
+        port in its environment; None if it has none."""
         ref = self._ref(name)
-        port = processes.environment(ref).get("BATCHSTREAM_INFERENCE_HEALTH_PORT", "") if ref else ""
-        return http_ready(f"http://127.0.0.1:{port}/health") if port.isdigit() else None
+        return worker_health(processes.environment(ref)) if ref is not None else None
 
     def start(self, names: Iterable[str] | None = None, *, strict: bool = True) -> list[Outcome]:
         """Start the named components (all by default) and wait until each is ready.

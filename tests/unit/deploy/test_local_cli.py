@@ -125,7 +125,7 @@ def test_status_asks_a_worker_it_was_not_told_about_on_the_health_port_it_runs_w
     stack = build_stack(tmp_path)
     stack.run_dir.mkdir(parents=True)
     port = free_port()
-    env = {**os.environ, "BATCHSTREAM_INFERENCE_HEALTH_PORT": str(port)}
+    env = {**os.environ, catalogue.WORKER_HEALTH_PORT_ENV: str(port)}
     worker = subprocess.Popen([sys.executable, "-c", HEALTH_SERVER, str(port)], env=env)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
