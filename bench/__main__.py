@@ -21,7 +21,7 @@ from typing import Any
 from bench import console, parity, pipeline, prefix, shared, tail, tenants, versus
 from bench.common import BROKER_ENV, default_path, machine
 from deploy.local import REPO_ROOT
-from deploy.local.catalogue import BROKER_NAMES, BROKERS, DEFAULT_BROKER
+from deploy.local.brokers import BROKER_NAMES, BROKERS, DEFAULT_BROKER
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 

@@ -21,7 +21,7 @@ import psutil
 from openai import OpenAI
 
 from deploy.local import REPO_ROOT, STAND_INS, ModelSpec, Stack, free_ports
-from deploy.local.catalogue import Broker, parse_broker
+from deploy.local.brokers import Broker, parse_broker
 from shared.protocol.messages import result_count
 from shared.topics import results_topic
 

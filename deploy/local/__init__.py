@@ -1,6 +1,8 @@
 """The no-Docker local stack (``make up``) and the test fixtures' stack, one module per concern.
 
 - ``catalogue``: every component's command line, environment, readiness probe, start order.
+- ``brokers``: the Kafka-protocol brokers a stack can run (Tansu, noida-db): their command lines
+  and what the services on each are set to.
 - ``ports``: the fixed ports of ``make up``, and ``free_ports()`` / ``free_port()`` for tests.
 - ``processes``: start detached, tell alive, stop a process tree by PID (psutil).
 - ``probes``: readiness probes and the one polling loop (tenacity).

@@ -14,7 +14,8 @@ from typing import Annotated
 import typer
 
 from deploy.local import supervisor
-from deploy.local.catalogue import DEFAULT_BROKER, Broker, ModelSpec, parse_broker
+from deploy.local.brokers import DEFAULT_BROKER, Broker, parse_broker
+from deploy.local.catalogue import ModelSpec
 from deploy.local.ports import Ports
 from deploy.local.stack import DEFAULT_STATE_DIR, Stack
 

@@ -26,14 +26,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from deploy.local import processes
+from deploy.local.brokers import BROKER_SETTINGS, DEFAULT_BROKER, Broker, broker_of
 from deploy.local.catalogue import (
-    BROKER_SETTINGS,
-    DEFAULT_BROKER,
     REPO_ROOT,
-    Broker,
     Component,
     ModelSpec,
-    broker_of,
     components,
     start_phase,
     start_rank,

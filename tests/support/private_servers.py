@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from deploy.local.catalogue import Broker, broker_command
+from deploy.local.brokers import Broker, broker_command
 from deploy.local.probes import tcp_ready
 from tests.support.real_servers import requested_broker
 from tests.support.waiting import wait_until

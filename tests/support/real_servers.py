@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from deploy.local import Stack
-from deploy.local.catalogue import Broker, parse_broker
+from deploy.local.brokers import Broker, parse_broker
 from tests.support.object_stores import session_object_store
 
 SWITCH = "BATCHSTREAM_TEST_SERVERS"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from deploy.local import catalogue, free_port, processes
+from deploy.local import brokers, catalogue, free_port, processes
 from deploy.local.cli import build_stack, ports
 from deploy.local.ports import Ports
 from deploy.local.stack import Stack
@@ -56,7 +56,7 @@ def test_a_noida_stack_keeps_its_broker_data_in_its_data_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_binary = tmp_path / "fake-noida-db"
-    monkeypatch.setattr(catalogue, "noida_binary", lambda: fake_binary)
+    monkeypatch.setattr(brokers, "noida_binary", lambda: fake_binary)
     stack = Stack(tmp_path / "state", ports=ports(["kafka=29092"]), broker="noida")
     kafka = stack.components()["kafka"]
     assert kafka.argv[:4] == [str(fake_binary), "start", "--only", "kafka"]
@@ -83,11 +83,11 @@ def test_make_up_s_broker_option_picks_the_broker_and_refuses_others(tmp_path: P
 
 
 def test_each_broker_s_command_line_names_its_broker(tmp_path: Path) -> None:
-    for broker in catalogue.BROKERS:
-        argv = catalogue.broker_command(broker, 29092, tmp_path)
-        assert catalogue.broker_of(argv) == broker
-    assert catalogue.broker_of(["/usr/bin/kafka-server-start.sh"]) is None
-    assert catalogue.broker_of([]) is None
+    for broker in brokers.BROKERS:
+        argv = brokers.broker_command(broker, 29092, tmp_path)
+        assert brokers.broker_of(argv) == broker
+    assert brokers.broker_of(["/usr/bin/kafka-server-start.sh"]) is None
+    assert brokers.broker_of([]) is None
 
 
 def test_status_and_down_describe_the_broker_that_runs_with_a_fake_process(
@@ -102,7 +102,7 @@ def test_status_and_down_describe_the_broker_that_runs_with_a_fake_process(
     assert stack.broker == "noida"
     assert "noida-db" in stack.components()["kafka"].description
     monkeypatch.setattr(processes, "command_line", lambda ref: [])  # it stopped
-    assert build_stack(tmp_path).broker == catalogue.DEFAULT_BROKER
+    assert build_stack(tmp_path).broker == brokers.DEFAULT_BROKER
 
 
 HEALTH_SERVER = """
