@@ -35,7 +35,12 @@ Batch internal fields:
   quotas count them down as lines get results (services/api/quotas/limits.py).
 - ``completion_rate``: ``[at, lines_per_s]``, the batch's lines done per second over the last
   minute (services/aggregator/completion_rate.py), written with each live counts flush (null
-  until it can be told); ``public`` derives the estimated completion time from it.
+  until it can be told).
+- ``expected_tokens``: the lines' expected output tokens summed at validation
+  (shared/expected_output.py), null when a line has no output cap; ``engine_progress``:
+  ``{worker: EngineProgress}``, each worker's progress on the batch's lines
+  (shared/completion_estimate.py). ``public`` derives the estimated completion time from these
+  and ``completion_rate``.
 - ``not_run_counts``: ``{code: lines}``, the failed lines that never ran by their error code
   (``batch_cancelled``, ``batch_expired``), counted by the aggregator as it writes the error file
   (Anthropic's ``canceled`` and ``expired`` counts); null for a batch not finalized by it.
@@ -56,6 +61,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared import completion_estimate
 from shared.protocol.messages import SamplingDefaults
 from shared.protocol.openai import COMPLETION_WINDOW, Batch, BatchBase, FileBase, FileObject
 
@@ -102,6 +108,8 @@ class BatchDocument(StoredDocument, BatchBase):
     enqueued_at: int | None = None
     end_recorded: bool | None = None  # False from a terminal move until its end listener ran
     completion_rate: list[float] | None = None
+    expected_tokens: int | None = None
+    engine_progress: dict[str, Any] = Field(default_factory=dict)  # {} so workers can add to it
     not_run_counts: dict[str, int] | None = None
     api: Literal["openai", "anthropic"] = "openai"
 
@@ -125,16 +133,21 @@ class BatchDocument(StoredDocument, BatchBase):
         )
 
     def estimate(self) -> dict[str, Any]:
-        """``estimated_completion_at`` and ``estimated_rate_lines_per_s`` (docs/api.md): while the
-        batch is in progress and its rate is known, the rate's time plus its lines not done at
-        that rate (unix seconds, rounded up); otherwise null."""
-        rate = self.completion_rate
-        if self.status != "in_progress" or not rate or len(rate) != 2 or rate[1] <= 0:
-            return {"estimated_completion_at": None, "estimated_rate_lines_per_s": None}
-        counts = self.request_counts
-        remaining = max(0, counts.total - counts.completed - counts.failed)
-        at = int(-(-(rate[0] + remaining / rate[1]) // 1))
-        return {"estimated_completion_at": at, "estimated_rate_lines_per_s": round(rate[1], 3)}
+        """``estimated_completion_at`` and the rates behind it (docs/api.md): while the batch is in
+        progress, by its expected work or its lines (``shared/completion_estimate.py``); otherwise
+        null."""
+        at = lines_per_s = tokens_per_s = None
+        if self.status == "in_progress":
+            counts = self.request_counts
+            remaining = max(0, counts.total - counts.completed - counts.failed)
+            at, lines_per_s, tokens_per_s = completion_estimate.estimate(
+                remaining, self.expected_tokens, self.engine_progress, self.completion_rate
+            )
+        return {
+            "estimated_completion_at": at,
+            "estimated_rate_lines_per_s": lines_per_s,
+            "estimated_rate_tokens_per_s": tokens_per_s,
+        }
 
 
 class FileDocument(StoredDocument, FileBase):

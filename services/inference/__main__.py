@@ -2,8 +2,9 @@
 
 Waits for Kafka, ensures the model's requests topic and the results topic, starts the engine,
 reads the control topic (batch cancellations and deadlines) and keeps following it, heartbeats the
-model document into MongoDB, serves /health and /metrics, and consumes requests until SIGTERM
-(then drains in-flight work, commits, and exits 0).
+model document into MongoDB and writes its progress on each batch's lines there, serves /health
+and /metrics, and consumes requests until SIGTERM (then drains in-flight work, commits, and exits
+0).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from services.inference.engine import Engine, ReportsReadiness
 from services.inference.engine_factory import open_engine
 from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
-from services.inference.heartbeat import heartbeat_forever
+from services.inference.heartbeat import heartbeat_forever, worker_name
+from services.inference.line_progress import report_forever
 from services.inference.settings import InferenceSettings
 from shared.kafka import ensure_topics, make_producer, wait_for_kafka
 from shared.logging import configure_logging
@@ -85,6 +87,7 @@ class Worker:
         handler = RequestHandler(engine, control=control, settings=self.inference)
         follower = ControlFollower.from_settings(self.kafka, control, on_cancel=handler.cancel_batch)
         heartbeat = asyncio.create_task(heartbeat_forever(mongo, engine))
+        reporting = asyncio.create_task(report_forever(mongo, handler.progress, worker_name()))
         following: asyncio.Task[None] | None = None
         try:
             await follower.start()
@@ -97,7 +100,7 @@ class Worker:
             )
             await self.consumer.run()
         finally:
-            for task in (heartbeat, following):
+            for task in (heartbeat, reporting, following):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

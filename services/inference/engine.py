@@ -36,6 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from services.inference.settings import InferenceSettings
+from services.inference.sim_gpu import PROFILE
 from shared.protocol.messages import TokenUsage
 from shared.protocol.openai import (  # noqa: F401 (the endpoints the contract serves, listed there)
     CHAT,
@@ -47,6 +49,29 @@ from shared.protocol.openai import (  # noqa: F401 (the endpoints the contract s
     RESPONSES,
     SCORE,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """How an engine's decode step costs with ``n`` lines in it, up to a scale: ``fixed +
+    per_line * n``. The worker learns the scale from the lines it ran and tells each batch's
+    progress with it (``line_progress.py``)."""
+
+    fixed: float
+    per_line: float
+
+    def __call__(self, lines: float) -> float:
+        return self.fixed + self.per_line * lines
+
+
+CPU_STEPS = StepCost(0.0, 1.0)
+"""A CPU's: a step costs about in proportion to its lines (a line alone runs about as fast as all
+of them together)."""
+GPU_STEPS = StepCost(PROFILE.step_base_s, PROFILE.per_sequence_s)
+"""A GPU's: reading the weights costs the same for one line as for dozens; each line adds its KV
+cache's reads (the simulated GPU's curve, fitted to a published one: ``sim_gpu.py``)."""
+LINE_TIMES = StepCost(1.0, 0.0)
+"""An engine on which each line takes its own time whatever runs beside it (the fake engine)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +126,11 @@ class Engine(Protocol):
     max_running: int
     """Requests the engine runs at once (vLLM's ``max_num_seqs``); the rest wait in its queue.
     0: no such limit (every request runs at once)."""
+    queues: bool
+    """Whether lines given beyond ``max_running`` wait inside it (vLLM's queue); False: it runs
+    every line it is given at once."""
+    step_cost: StepCost
+    """How its steps cost with the lines in them (``CPU_STEPS``, ``GPU_STEPS``, ...)."""
 
     async def run(
         self,
@@ -133,6 +163,11 @@ class ReportsReadiness(Protocol):
     worker's ``/readyz`` adds them to its own."""
 
     def checks(self) -> dict[str, bool]: ...
+
+
+def step_cost(settings: InferenceSettings, default: StepCost) -> StepCost:
+    """The engine's step cost as ``settings.step_cost`` says; ``default`` for ``auto``."""
+    return {"cpu": CPU_STEPS, "gpu": GPU_STEPS}.get(settings.step_cost, default)
 
 
 def error_body(

@@ -19,6 +19,7 @@ from services.inference.engine import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    LINE_TIMES,
     MESSAGES,
     RERANK,
     RESPONSES,
@@ -61,6 +62,8 @@ class FakeEngine:
         self.model_id = model_id
         self.adapters = adapters
         self.max_running = max_running  # the worker's places on it (0: it runs everything at once)
+        self.queues = False  # every line it is given runs at once
+        self.step_cost = LINE_TIMES  # a paced line takes its own time, whatever runs beside it
         self.max_context_length = max_context_length
         self.endpoints = endpoints
         self.seconds_per_token = seconds_per_token

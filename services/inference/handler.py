@@ -24,9 +24,11 @@ from services.inference.engine import (
     RequestAborted,
     error_answer,
 )
+from services.inference.line_progress import LineProgress
 from services.inference.scheduler import EngineScheduler
 from services.inference.settings import InferenceSettings, worker_defaults
 from shared import media
+from shared.expected_output import LONGEST, expected_length
 from shared.protocol.messages import (
     LineError,
     NotRunCode,
@@ -157,9 +159,11 @@ class RequestHandler:
         scheduler: EngineScheduler | None = None,
         media_domains: frozenset[str] | None = None,
         settings: InferenceSettings | None = None,
+        progress: LineProgress | None = None,
     ) -> None:
         """The retry, the scheduler and the adapter slots as ``settings`` say (without settings,
-        their defaults) unless given."""
+        their defaults) unless given; ``progress`` learns when each batch line runs
+        (``line_progress.py``)."""
         settings = settings if settings is not None else worker_defaults()
         self.engine = engine
         self.media_domains = MediaSettings().domains if media_domains is None else media_domains
@@ -168,6 +172,9 @@ class RequestHandler:
         self.control = control if control is not None else BatchControl(clock)
         self.retry = retry or EngineRetry.from_settings(settings)
         self.scheduler = scheduler if scheduler is not None else EngineScheduler(engine, settings)
+        if progress is None:
+            progress = LineProgress(engine.max_running if engine.queues else 0, engine.step_cost)
+        self.progress = progress
 
     def stop_waiting(self) -> None:
         """A shutdown: the lines waiting for a place leave without an answer (uncommitted, so
@@ -218,15 +225,32 @@ class RequestHandler:
         of the run that gave it. A run aborted to make room for a young line runs again in a new
         place unless its batch is cancelled; any other ``RequestAborted`` passes through."""
         again = False
+        expected = self._expected_length(message)
         while True:
             async with self.scheduler.place(message.batch_id, message.project, again) as place:
+                answer: Answer | None = None
+                self.progress.started(place.run_id, message.batch_id, expected)
                 try:
-                    return place.run_id, await self._answer(message, place.run_id, place.priority)
+                    answer = await self._answer(message, place.run_id, place.priority)
+                    return place.run_id, answer
                 except RequestAborted:
                     if not self.scheduler.preempted(place.run_id) or self.control.cancelled(message.batch_id):
                         raise
                     metrics.PREEMPTED.inc()
+                finally:
+                    ok = answer is not None and answer.ok
+                    self.progress.ended(place.run_id, answered=answer is not None, ok=ok)
             again = True
+
+    @staticmethod
+    def _expected_length(message: RequestMessage) -> int | None:
+        """A batch line's expected output tokens (``shared/expected_output.py``), for the batch's
+        progress; None for a pipeline's request or a line without an output cap."""
+        if message.batch_id is None:
+            return None
+        default = message.defaults.max_decoding_length if message.defaults else None
+        length = expected_length(message.url, message.body, default)
+        return None if length == LONGEST else length
 
     async def _answer(self, message: RequestMessage, run_id: str, priority: int) -> Answer:
         """The engine's answer, tried again (bounded, with jitter) while it fails in a way that

@@ -48,6 +48,7 @@ from services.inference.engine import (
     COMPLETIONS,
     EMBEDDINGS,
     GENERATE_ENDPOINTS,
+    GPU_STEPS,
     MESSAGES,
     RERANK,
     RESPONSES,
@@ -58,6 +59,7 @@ from services.inference.engine import (
     error_answer,
     error_body,
     refuse_before_running,
+    step_cost,
 )
 from services.inference.settings import InferenceSettings
 from shared.protocol.messages import TokenUsage
@@ -101,6 +103,8 @@ class RemoteEngine:
         self.max_context_length = settings.max_model_len
         self.endpoints: tuple[str, ...] = POOLING if settings.runner == "pooling" else GENERATE_ENDPOINTS
         self.max_running = settings.max_num_seqs
+        self.queues = True
+        self.step_cost = step_cost(settings, default=GPU_STEPS)  # a server is most often a GPU's
         self._runs = RunRegistry()
         headers = {"Authorization": f"Bearer {settings.remote_api_key}"} if settings.remote_api_key else {}
         self._http = httpx.AsyncClient(

@@ -48,6 +48,7 @@ from services.inference.engine import (
     SCORE,
     Answer,
     RunRegistry,
+    StepCost,
     refuse_before_running,
 )
 from services.inference.fake_engine import REQUIRED_FIELD, FakeEngine
@@ -83,6 +84,8 @@ class SimEngine:
         self.endpoints: tuple[str, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, SCORE, RERANK)
         self.adapters = adapters
         self.max_running = max_num_seqs
+        self.queues = True
+        self.step_cost = StepCost(profile.step_base_s, profile.per_sequence_s)
         self.speedup = speedup
         self.gpu = SimGpu(profile, max_num_seqs, kv_cache_blocks)
         self._answers = FakeEngine(model_id, max_context_length, self.endpoints, adapters=adapters)

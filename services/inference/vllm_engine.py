@@ -36,13 +36,16 @@ from vllm.entrypoints.serve.tokenize.protocol import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
+from vllm.platforms import current_platform
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from services.inference.engine import (
     CHAT,
     COMPLETIONS,
+    CPU_STEPS,
     EMBEDDINGS,
+    GPU_STEPS,
     MESSAGES,
     RERANK,
     RESPONSES,
@@ -52,6 +55,7 @@ from services.inference.engine import (
     RunRegistry,
     error_answer,
     refuse_before_running,
+    step_cost,
 )
 from services.inference.settings import InferenceSettings
 from shared.protocol.anthropic import AnthropicErrorResponse
@@ -118,6 +122,8 @@ class VllmEngine:
         self.endpoints: tuple[str, ...] = ()
         self.adapters = tuple(settings.lora_adapters)
         self.max_running = settings.max_num_seqs
+        self.queues = True
+        self.step_cost = step_cost(settings, default=CPU_STEPS if current_platform.is_cpu() else GPU_STEPS)
         self._stack = AsyncExitStack()
         self._state = State()
         self._runs = RunRegistry()

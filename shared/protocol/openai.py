@@ -143,9 +143,10 @@ class Batch(BatchBase, SamplingDefaults):
     started_at: int | None = None
     error: BatchError | None = None
     # batchstream's extensions, while the batch is in progress (docs/api.md, "Estimated completion"):
-    # when its lines will be done at its recent rate (unix seconds), and that rate; else null.
+    # when its lines will be done (unix seconds), and the rates behind it; else null.
     estimated_completion_at: int | None = None
     estimated_rate_lines_per_s: float | None = None
+    estimated_rate_tokens_per_s: float | None = None
 
 
 class ModelCard(BaseModel):

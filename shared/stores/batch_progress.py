@@ -1,6 +1,7 @@
 """The aggregator's progress in the ``batches`` collection: the few fields it reads per batch
 (``BatchSummary``, cached by ``BatchDirectory`` so it is read once per batch), the live counts it
-flushes, the batches that must end now, and a batch run again after a broker loss.
+flushes, the batches that must end now, and a batch run again after a broker loss; and the
+inference workers' progress on each batch's lines (``engine_progress``).
 
 The batch's records and its status changes (``finalizing``, ``finish``) are
 ``shared/stores/batches.py``'s.
@@ -18,6 +19,8 @@ from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
 from shared import lifecycle
+from shared.completion_estimate import FIELD as ENGINE_PROGRESS
+from shared.completion_estimate import EngineProgress
 from shared.documents import PROGRESS_SAMPLES, BatchDocument
 from shared.stores.batches import BatchStore
 from shared.stores.dispatcher import dispatch_unit
@@ -149,6 +152,30 @@ class BatchProgressStore:
         ]
         await self._batches.bulk_write(updates, ordered=False)
         return len(updates)
+
+    async def engine_progress(self, worker: str, reports: Mapping[str, EngineProgress]) -> None:
+        """One inference worker's progress on each of ``reports``' batches, in one bulk write
+        (``shared/completion_estimate.py``): the finished lines added, the running ones replaced;
+        only batches in progress are written."""
+        if not reports:
+            return
+        updates = []
+        for batch_id, report in reports.items():
+            path = f"{ENGINE_PROGRESS}.{worker}"
+            state = report.model_dump(exclude={"finished_lines", "finished_tokens"})
+            updates.append(
+                UpdateOne(
+                    {"_id": batch_id, "status": "in_progress"},
+                    {
+                        "$set": {f"{path}.{name}": value for name, value in state.items()},
+                        "$inc": {
+                            f"{path}.finished_lines": report.finished_lines,
+                            f"{path}.finished_tokens": report.finished_tokens,
+                        },
+                    },
+                )
+            )
+        await self._batches.bulk_write(updates, ordered=False)
 
     async def resume(self, batch_id: str, counts: LiveCounts) -> list[str]:
         """Run an in_progress batch again after the broker lost its messages, from what its stored

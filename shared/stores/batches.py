@@ -143,16 +143,18 @@ class BatchStore:
         parts: list[dict[str, Any]] | None = None,
         enqueued: Mapping[str, Mapping[str, int]] | None = None,
         enqueued_at: int = 0,
+        expected_tokens: int | None = None,
     ) -> bool:
         """validating -> in_progress, with the model, the number of request lines, whether a
         dispatch order was made (``services/api/service/dispatch_order.py``), the lines' parts by base
-        model and the lines and estimated tokens per model the quotas count (``enqueued``,
-        ``shared/documents.py``)."""
+        model, the lines and estimated tokens per model the quotas count (``enqueued``) and the
+        lines' expected output tokens (``expected_tokens``; both: ``shared/documents.py``)."""
         fields: Document = {
             "model": model,
             "request_counts.total": total,
             "prefix_order": prefix_order,
             "parts": parts,
+            "expected_tokens": expected_tokens,
         }
         if enqueued is not None:
             fields |= {"enqueued": {m: dict(c) for m, c in enqueued.items()}, "enqueued_at": enqueued_at}

@@ -62,6 +62,15 @@ function fmtTime(unix) {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+// The rates behind a batch's estimated end: its expected output tokens per second when the
+// estimate counts work, and its lines per second when known.
+function rateText(batch) {
+  const rates = [];
+  if (batch.estimated_rate_tokens_per_s) rates.push(`${fmtInt(Math.round(batch.estimated_rate_tokens_per_s))} tokens/s`);
+  if (batch.estimated_rate_lines_per_s) rates.push(`${batch.estimated_rate_lines_per_s} lines/s`);
+  return rates.join(", ") || "—";
+}
+
 function fmtDuration(seconds) {
   if (seconds === null || seconds === undefined || !isFinite(seconds)) return "—";
   seconds = Math.max(0, Math.round(seconds));
@@ -522,7 +531,7 @@ function batchPage(batchId, view) {
       progressBar(c, true),
       h("p", { id: "counts" }, countsText(c), ended ? "" : ` · time left ${fmtDuration(timeLeft(batch))}`,
         !ended && batch.estimated_completion_at ? h("span", { id: "estimated-end" },
-          ` · ends about ${fmtTime(batch.estimated_completion_at)} at ${batch.estimated_rate_lines_per_s} lines/s`) : ""),
+          ` · ends about ${fmtTime(batch.estimated_completion_at)} at ${rateText(batch)}`) : ""),
       validation,
       h("div", { class: "grid" },
         h("section", { class: "card" }, h("h2", {}, "Status"), timeline(batch)),

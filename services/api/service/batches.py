@@ -372,7 +372,14 @@ class BatchService:
         enqueued = {model: use.stored() for model, use in report.enqueued.items()}
         enqueued_at = time.time_ns()
         if not await self.batches.start(
-            batch.id, report.model, report.lines, ordered, stored, enqueued, enqueued_at
+            batch.id,
+            report.model,
+            report.lines,
+            ordered,
+            stored,
+            enqueued,
+            enqueued_at,
+            expected_tokens=report.expected_tokens,
         ):
             return None  # cancelled (or ended) meanwhile
         # Counted again against the batches that stored theirs first: the first ones in win.

@@ -16,10 +16,10 @@ prefixes is sent in file order.
 so a long line that starts last runs nearly alone and the batch waits for it (the tail). With
 ``longest_first`` the order sends the groups by their longest line, longest first, and a group's
 lines longest first (lines that share more than the group's prefix stay together); a line's
-expected length is its output cap (``expected_length``: ``max_completion_tokens``, ``max_tokens``
-or ``max_output_tokens``, else the batch's ``max_decoding_length``, else the longest of all), and
-an embedding, score or rerank line is short. Equal lengths keep the order above. The order is
-made once, before any line runs: what finished lines show is not fed back.
+expected length is its output cap, else the batch's ``max_decoding_length``, else the longest of
+all, and an embedding, score or rerank line is short (``shared/expected_output.py``). Equal
+lengths keep the order above. The order is made once, before any line runs: what finished lines
+show is not fed back.
 
 **The order object** (``dispatch_order_key``) holds the request lines themselves, in dispatch
 order, each behind a ``HEADER`` (its byte offset and length in the input, its line number, group
@@ -50,8 +50,8 @@ from typing import IO, Any
 from services.api.dispatch.order import HEADER
 from services.api.prompt_keys import BLOCK_BYTES, DIGEST, KEY_BYTES, MAX_BLOCKS, prefix_key, shared_blocks
 from services.api.sorted_runs import SortedRuns
+from shared.expected_output import LONGEST
 from shared.input_lines import InputLine
-from shared.protocol.openai import GENERATE_ENDPOINTS
 from shared.storage import ObjectStore, dispatch_order_key
 
 log = logging.getLogger(__name__)
@@ -68,25 +68,7 @@ _RUN = struct.Struct("<IQI")  # a run's first line number, group id, longest lin
 # A line's expected length, stored beside its record: what the sorts compare is its complement
 # (longest first).
 _LENGTH = struct.Struct("<I")
-LONGEST = 0xFFFFFFFF
-"""The expected length of a line without an output cap: the longest of all."""
-SHORT = 1
-"""The expected length of a line that generates nothing (embeddings, score, rerank)."""
-_OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 RUN_TABLE_BUFFER = 64 * 1024
-
-
-def expected_length(url: str, body: dict[str, Any] | None, default: int | None) -> int:
-    """How many tokens a line is expected to generate, for the longest-first order: its output
-    cap, else the batch's ``max_decoding_length`` (``default``), else ``LONGEST``; ``SHORT`` for
-    a line that generates nothing."""
-    if url not in GENERATE_ENDPOINTS:
-        return SHORT
-    for name in _OUTPUT_CAPS:
-        value = (body or {}).get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return min(value, LONGEST)
-    return min(default, LONGEST) if default else LONGEST
 
 
 # --------------------------------------------------------------------------------------- builder

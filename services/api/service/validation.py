@@ -21,10 +21,11 @@ from pydantic_core import to_json
 
 from services.api.prompt_keys import prompt_text
 from services.api.quotas.limits import ModelUse, estimate_tokens
-from services.api.service.dispatch_order import RUN_BYTES, OrderBuilder, PartOrders, expected_length
+from services.api.service.dispatch_order import RUN_BYTES, OrderBuilder, PartOrders
 from services.api.sorted_runs import SortedRuns
 from shared import media
 from shared.errors import echo
+from shared.expected_output import LONGEST, OUTPUT_CAPS, expected_length
 from shared.input_lines import InputLine
 from shared.protocol.batch_input import BODY_BY_ENDPOINT, UTF8_BOM
 from shared.protocol.openai import BatchError
@@ -87,6 +88,9 @@ class ValidationReport:
     errors: list[BatchError] = field(default_factory=list)
     error_count: int = 0
     enqueued: dict[str, ModelUse] = field(default_factory=dict)  # lines and tokens by served model
+    # The lines' expected output tokens summed (shared/expected_output.py), the basis of the
+    # batch's estimated completion time; None when a line has no output cap to expect.
+    expected_tokens: int | None = 0
 
     @property
     def ok(self) -> bool:
@@ -183,6 +187,9 @@ class InputValidator:
             if body is not None:
                 self._enqueue(body, text, line.raw)
             length = expected_length(self.endpoint, body, self.default_length)
+            expected = self._report.expected_tokens
+            if body is not None and expected is not None:
+                self._report.expected_tokens = None if length == LONGEST else expected + length
             if self.order is not None:
                 self.order.add(line, text, length=length)
             elif self.parts is not None and body is not None:
@@ -334,7 +341,7 @@ class InputValidator:
                 self._error(number, "invalid_request", f"body.{name}: {fields[name]}.", f"body.{name}")
 
     def _check_token_limit(self, number: int, body: dict[str, Any], context: int | None) -> None:
-        name = next((n for n in _OUTPUT_CAPS if body.get(n)), "max_tokens")
+        name = next((n for n in OUTPUT_CAPS if body.get(n)), "max_tokens")
         requested = body.get(name)
         if context and isinstance(requested, int) and requested > context:
             self._error(
@@ -376,6 +383,3 @@ def _left_out(total: int, shown: int) -> BatchError:
 MAX_DEPTH = 254
 """The deepest nesting orjson writes (orjson 3.13: 255 levels raise "Recursion limit
 reached"; it reads up to 1,024)."""
-
-# A body's output cap, by the names the endpoints give it (Responses: max_output_tokens).
-_OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")

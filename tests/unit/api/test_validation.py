@@ -350,3 +350,22 @@ async def test_validation_feeds_the_order_each_line_s_expected_length() -> None:
     order.close()
     entries, _ = read_entries(out.getvalue())
     assert [e.number for e in entries] == [3, 2, 5, 1, 4]  # 300, then the default's 64s, then 8s
+
+
+async def test_validation_sums_the_lines_expected_output_tokens() -> None:
+    """The batch's expected work (its estimated completion's basis): each line's cap, else the
+    batch's ``max_decoding_length``; unknown once a line has neither."""
+
+    def lines(*caps: int | None) -> list[bytes]:
+        bodies = [
+            {"model": "m", "messages": [{"role": "user", "content": "q"}], **({"max_tokens": c} if c else {})}
+            for c in caps
+        ]
+        return [line(f"r{n}", body=body) for n, body in enumerate(bodies, 1)]
+
+    with_default = InputValidator(ENDPOINT, served(m=1024), 100, 100, default_length=64)
+    report = await with_default.run(file_request_lines(lines(8, None, 300)))
+    assert report.ok and report.expected_tokens == 8 + 64 + 300
+    without = InputValidator(ENDPOINT, served(m=1024), 100, 100)
+    report = await without.run(file_request_lines(lines(8, None, 300)))
+    assert report.ok and report.expected_tokens is None

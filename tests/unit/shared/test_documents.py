@@ -53,6 +53,8 @@ STORED_BATCH_FIELDS = {
     "end_recorded",
     "api",
     "completion_rate",
+    "expected_tokens",
+    "engine_progress",
     "not_run_counts",
 }
 STORED_FILE_FIELDS = {

@@ -11,14 +11,8 @@ import pytest
 
 from services.api.dispatch.order import HEADER, Affinity, OrderCursor, OrderEntry, read_entries, scan_order
 from services.api.prompt_keys import prefix_key, prompt_text, shared_blocks
-from services.api.service.dispatch_order import (
-    LONGEST,
-    SHORT,
-    OrderBuilder,
-    OrderStats,
-    PartOrders,
-    expected_length,
-)
+from services.api.service.dispatch_order import OrderBuilder, OrderStats, PartOrders
+from shared.expected_output import LONGEST, SHORT, expected_length
 from shared.input_lines import InputLine
 from shared.storage import ObjectStore
 

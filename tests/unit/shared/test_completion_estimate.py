@@ -1,0 +1,84 @@
+"""The estimated completion time: by expected work from the workers' reports, else by lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.completion_estimate import FRESH_S, EngineProgress, estimate, worker_key
+from shared.documents import BatchDocument
+from shared.protocol.openai import RequestCounts
+
+
+def report(at: float, **fields: Any) -> dict[str, Any]:
+    return EngineProgress(at=at, **fields).model_dump()
+
+
+def test_the_work_left_at_the_workers_rate_gives_the_end() -> None:
+    # 10,000 expected tokens: 3,000 finished, 1,000 come by the running lines; 6,000 left at
+    # 100 + 200 tokens/s: 20 s after the newest report.
+    reports = {
+        "a": report(1_000.0, finished_tokens=1_000, running_tokens=400.0, rate=100.0, longest_s=3.0),
+        "b": report(1_002.0, finished_tokens=2_000, running_tokens=600.0, rate=200.0, longest_s=5.0),
+    }
+    at, lines, tokens = estimate(50, 10_000, reports, [1_001.0, 4.0])
+    assert (at, lines, tokens) == (1_022, 4.0, 300.0)
+
+
+def test_the_longest_running_line_bounds_the_end() -> None:
+    # Little work left but one line needs 30 s more: the batch cannot end before it does.
+    reports = {"a": report(1_000.0, finished_tokens=9_000, running_tokens=900.0, rate=50.0, longest_s=30.0)}
+    assert estimate(1, 10_000, reports, None)[0] == 1_030
+
+
+def test_a_stale_report_counts_its_finished_lines_only() -> None:
+    stale_at = 1_000.0 - FRESH_S - 1
+    reports = {
+        "gone": report(stale_at, finished_tokens=4_000, running_tokens=3_000.0, rate=500.0, longest_s=99.0),
+        "live": report(1_000.0, finished_tokens=1_000, running_tokens=0.0, rate=100.0),
+    }
+    # 10,000 - 4,000 - 1,000 = 5,000 left at the live worker's 100/s; the gone one's rate, running
+    # lines and their bound count for nothing.
+    assert estimate(10, 10_000, reports, None)[:3:2] == (1_050, 100.0)
+
+
+def test_without_expected_work_or_a_worker_rate_the_line_rate_decides() -> None:
+    by_lines = (2_031, 20.0, None)  # 600 lines at 20/s from 2,000.25, rounded up
+    rate = [2_000.25, 20.0]
+    assert estimate(600, None, {"a": report(2_000.0, rate=100.0)}, rate) == by_lines  # a line without a cap
+    assert estimate(600, 10_000, None, rate) == by_lines  # no worker reported
+    assert estimate(600, 10_000, {"a": report(2_000.0, running=0)}, rate) == by_lines  # none running
+    assert estimate(600, 10_000, None, None) == (None, None, None)
+
+
+def test_worker_names_become_field_names() -> None:
+    assert worker_key("node-1.cluster.local:42") == "node-1_cluster_local:42"
+    assert worker_key("a$b") == "a_b"
+
+
+def batch(
+    expected_tokens: int | None, progress: dict[str, Any] | None, status: str = "in_progress"
+) -> BatchDocument:
+    return BatchDocument.model_validate(
+        {
+            "_id": "b",
+            "endpoint": "/v1/chat/completions",
+            "input_file_id": "f",
+            "status": status,
+            "created_at": 1,
+            "request_counts": RequestCounts(total=100, completed=40, failed=0).model_dump(),
+            "expected_tokens": expected_tokens,
+            "engine_progress": progress,
+        }
+    )
+
+
+def test_the_batch_object_shows_the_work_estimate_and_its_rate() -> None:
+    progress = {"w": report(1_000.0, finished_tokens=400, running_tokens=100.0, rate=25.0)}
+    shown = batch(1_000, progress).public()
+    assert shown.estimated_completion_at == 1_020  # 500 tokens left at 25/s
+    assert shown.estimated_rate_tokens_per_s == pytest.approx(25.0)
+    assert shown.estimated_rate_lines_per_s is None  # the aggregator has not told it yet
+    ended = batch(1_000, progress, status="completed").public()
+    assert (ended.estimated_completion_at, ended.estimated_rate_tokens_per_s) == (None, None)
