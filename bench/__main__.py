@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import console, parity, pipeline, prefix, shared, tail, tenants, versus
+from bench import console, parity, pipeline, pipeline_targets, prefix, shared, tail, tenants, versus
 from bench.common import BROKER_ENV, default_path, machine
 from deploy.local import REPO_ROOT
 from deploy.local.brokers import BROKER_NAMES, BROKERS, DEFAULT_BROKER
@@ -139,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipe.add_argument(
         "--lines",
         type=int,
-        default=pipeline.YARDSTICK_LINES,
+        default=pipeline_targets.YARDSTICK_LINES,
         help="more than 50,000: a 50,000-line run first, then this one, compared",
     )
     pipe.add_argument(
@@ -276,16 +276,18 @@ def main(argv: list[str] | None = None) -> int:
         report["tail"] = tail.run(args)
     if args.only in (None, "pipeline"):
         if args.line_bytes is None:
-            args.line_bytes = 4_000 if args.lines <= pipeline.YARDSTICK_LINES else 180
-        if args.lines > pipeline.YARDSTICK_LINES:  # the same run at 50,000 lines first, to compare
+            args.line_bytes = 4_000 if args.lines <= pipeline_targets.YARDSTICK_LINES else 180
+        if args.lines > pipeline_targets.YARDSTICK_LINES:  # the same run at 50,000 lines first, to compare
             big = args.lines
-            args.lines = pipeline.YARDSTICK_LINES
+            args.lines = pipeline_targets.YARDSTICK_LINES
             report["pipeline_yardstick"] = pipeline.run(args, RESULTS_DIR)
             _save(report, path)
             args.lines = big
         report["pipeline"] = pipeline.run(args, RESULTS_DIR)
         if "pipeline_yardstick" in report:
-            report["pipeline_scale"] = pipeline.compare(report["pipeline_yardstick"], report["pipeline"])
+            report["pipeline_scale"] = pipeline_targets.compare(
+                report["pipeline_yardstick"], report["pipeline"]
+            )
         _save(report, path)
     if args.only in (None, "parity"):
         report["parity"] = parity.run(args)

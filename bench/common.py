@@ -376,6 +376,11 @@ def table(title: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> s
     return "\n".join(lines)
 
 
+def met(ok: bool) -> str:
+    """A target's verdict as the tables print it."""
+    return "met" if ok else "NOT met"
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if value != value:  # NaN

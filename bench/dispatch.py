@@ -19,7 +19,7 @@ from typing import Any
 
 from openai import OpenAI
 
-from bench.common import BatchTrace, MongoPoller, create_batch, median, table
+from bench.common import BatchTrace, MongoPoller, create_batch, median, met, table
 from deploy.local.stack import Stack
 
 UploadSmall = Callable[[OpenAI, str], str]
@@ -131,7 +131,7 @@ def print_figures(title: str, hol: dict[str, Any] | None, shares: dict[str, Any]
             [
                 "small batch behind the big one",
                 hol["during_s"],
-                f"limit {hol['limit_s']:.2f} s: {'met' if hol['target_met'] else 'NOT met'}",
+                f"limit {hol['limit_s']:.2f} s: {met(hol['target_met'])}",
             ]
         )
     if shares:
@@ -139,6 +139,6 @@ def print_figures(title: str, hol: dict[str, Any] | None, shares: dict[str, Any]
             rows.append(["the two batches created apart (s)", shares["created_apart_s"], ""])
         for project, share in shares["shares"].items():
             rows.append([f"share of {project} while both ran", share, "50% +/- 10%"])
-        rows.append(["window both ran (s)", shares["window_s"], "met" if shares["target_met"] else "NOT met"])
+        rows.append(["window both ran (s)", shares["window_s"], met(shares["target_met"])])
     print()
     print(table(title, ["figure", "value", "target"], rows))

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.tenants import Answer, HealthProbe, error_name, pending, write_huge_line_file, write_long_line
+from bench.tenants_client import Answer, HealthProbe, pending
+from bench.tenants_files import write_huge_line_file, write_long_line
+from bench.tenants_measure import error_name
 
 
 @pytest.mark.parametrize("size", [300, 2**20 + 17, 3 * 2**20])
