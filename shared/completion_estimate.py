@@ -22,8 +22,9 @@ estimate is the lines left at the aggregator's observed lines per second
 (``completion_rate``: services/aggregator/completion_rate.py).
 
 What it cannot see: another batch's lines that start later and take places, or end and free
-them (the rate follows within a report), and on a GPU that the steps speed up as the batch's last
-lines run with fewer beside them after its queued lines are done (the estimate is then early).
+them (the rate follows within a report), and on a GPU, where a step costs nearly as much for one
+line as for dozens, that the batch's rate falls as fewer of its lines run at its end (the
+estimate is then early; the running lines' run-down catches only those already running).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from pydantic import BaseModel
 
 REPORT_INTERVAL_S = 1.0
 """How often a worker writes its progress on each batch it runs lines of."""
-FRESH_S = 3 * REPORT_INTERVAL_S
-"""A report older than this, before the newest, counts only its finished lines (its worker has
-stopped or runs none of the batch now)."""
+FRESH_S = 10 * REPORT_INTERVAL_S
+"""A report older than this counts only its finished lines (its worker has stopped, or runs none
+of the batch now); the margin leaves room for the hosts' clocks."""
 FIELD = "engine_progress"
 """The batch document's field of the reports, by worker."""
 
@@ -65,12 +66,14 @@ def estimate(
     expected_tokens: int | None,
     reports: dict[str, Any] | None,
     line_rate: list[float] | None,
+    now: float,
 ) -> tuple[int | None, float | None, float | None]:
-    """``(estimated_completion_at, lines_per_s, tokens_per_s)`` of an in-progress batch: by its
-    work when ``expected_tokens`` is known and a worker reported a rate lately, else by its lines
-    (``line_rate``: ``[at, lines_per_s]``); ``(None, None, None)`` when neither can be told."""
+    """``(estimated_completion_at, lines_per_s, tokens_per_s)`` of an in-progress batch at unix
+    time ``now``: by its work when ``expected_tokens`` is known and a worker reported a rate
+    within ``FRESH_S``, else by its lines (``line_rate``: ``[at, lines_per_s]``); ``(None, None,
+    None)`` when neither can be told."""
     lines_per_s = round(line_rate[1], 3) if line_rate and len(line_rate) == 2 and line_rate[1] > 0 else None
-    by_work = _by_work(expected_tokens, reports) if remaining_lines > 0 else None
+    by_work = _by_work(expected_tokens, reports, now) if remaining_lines > 0 else None
     if by_work is not None:
         at, tokens_per_s = by_work
         return _whole(at), lines_per_s, round(tokens_per_s, 3)
@@ -79,17 +82,17 @@ def estimate(
     return _whole(line_rate[0] + remaining_lines / line_rate[1]), lines_per_s, None
 
 
-def _by_work(expected_tokens: int | None, reports: dict[str, Any] | None) -> tuple[float, float] | None:
+def _by_work(
+    expected_tokens: int | None, reports: dict[str, Any] | None, now: float
+) -> tuple[float, float] | None:
     if not expected_tokens or not reports:
         return None
     read = [EngineProgress.model_validate(r) for r in reports.values() if isinstance(r, dict)]
-    if not read:
-        return None
-    newest = max(r.at for r in read)
-    fresh = [r for r in read if newest - r.at <= FRESH_S]
+    fresh = [r for r in read if now - r.at <= FRESH_S]
     rate = sum(r.rate or 0.0 for r in fresh)
     if rate <= 0:
         return None
+    newest = max(r.at for r in fresh)
     done = sum(r.finished_tokens for r in read) + sum(r.running_tokens for r in fresh)
     longest = max((r.longest_s - (newest - r.at) for r in fresh), default=0.0)
     left = max(0.0, expected_tokens - done)

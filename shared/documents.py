@@ -141,7 +141,7 @@ class BatchDocument(StoredDocument, BatchBase):
             counts = self.request_counts
             remaining = max(0, counts.total - counts.completed - counts.failed)
             at, lines_per_s, tokens_per_s = completion_estimate.estimate(
-                remaining, self.expected_tokens, self.engine_progress, self.completion_rate
+                remaining, self.expected_tokens, self.engine_progress, self.completion_rate, time.time()
             )
         return {
             "estimated_completion_at": at,

@@ -6,8 +6,8 @@ of those notes. A recent window, not the batch's whole life, because what a batc
 it runs: the engines' lines are shared between the batches queued on a model (the dispatcher's
 fair share, the workers' places), so a batch alone runs at the model's whole rate and slows when
 another starts; the window follows its current share within about ``WINDOW_S``. The api turns the
-rate into ``estimated_completion_at`` (``shared/documents.py``): the rate's time plus the lines
-not done at that rate.
+rate into ``estimated_completion_at`` where the batch's work cannot be counted
+(``shared/completion_estimate.py``): the rate's time plus the lines not done at that rate.
 
 Memory: at most one note per ``NOTE_INTERVAL_S`` per batch, for ``WINDOW_S`` (a few dozen numbers
 per batch being counted); a batch's notes go when it is forgotten.

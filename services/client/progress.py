@@ -1,7 +1,7 @@
 """A batch's live ``request_counts`` as a rich progress bar, with the rate and the time left.
 
-The time left is the batch's own estimate while it has one (``estimated_completion_at``, from the
-rate the aggregator measured over the last minute, docs/api.md), shown as ``ends in H:MM:SS``;
+The time left is the batch's own estimate while it has one (``estimated_completion_at``, by its
+work left or its lines left: docs/api.md, "Estimated completion"), shown as ``ends in H:MM:SS``;
 before that, rich's estimate from the counts this display has seen.
 
 On a terminal the bar is redrawn in place; written to a file or a pipe (CI logs, tests) it prints

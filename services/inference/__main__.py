@@ -22,7 +22,7 @@ from services.inference.engine_factory import open_engine
 from services.inference.handler import RequestHandler
 from services.inference.health import HealthServer
 from services.inference.heartbeat import heartbeat_forever, worker_name
-from services.inference.line_progress import report_forever
+from services.inference.line_progress import report, report_forever
 from services.inference.settings import InferenceSettings
 from shared.kafka import ensure_topics, make_producer, wait_for_kafka
 from shared.logging import configure_logging
@@ -99,6 +99,7 @@ class Worker:
                 handler,
             )
             await self.consumer.run()
+            await report(mongo, handler.progress, worker_name())  # the drained lines' last word
         finally:
             for task in (heartbeat, reporting, following):
                 if task is not None:

@@ -175,6 +175,7 @@ class RequestHandler:
         if progress is None:
             progress = LineProgress(engine.max_running if engine.queues else 0, engine.step_cost)
         self.progress = progress
+        self.priority_order = settings.scheduling_policy == "priority"  # the engine's queue's
 
     def stop_waiting(self) -> None:
         """A shutdown: the lines waiting for a place leave without an answer (uncommitted, so
@@ -229,7 +230,8 @@ class RequestHandler:
         while True:
             async with self.scheduler.place(message.batch_id, message.project, again) as place:
                 answer: Answer | None = None
-                self.progress.started(place.run_id, message.batch_id, expected)
+                order = place.priority if self.priority_order else 0
+                self.progress.started(place.run_id, message.batch_id, expected, order)
                 try:
                     answer = await self._answer(message, place.run_id, place.priority)
                     return place.run_id, answer

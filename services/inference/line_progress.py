@@ -16,6 +16,8 @@ numbers each) and the batches they belong to.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import time
 from collections import deque
@@ -31,6 +33,9 @@ from shared.stores.batch_progress import BatchProgressStore
 
 log = logging.getLogger(__name__)
 
+REPORT_TIMEOUT_S = 2.0
+"""A report not written by then is given up (a database that stops answering would hold it, and
+a draining worker's last one, for good)."""
 SPEED_LINES = 64
 """The engine's step time is learnt from its last this many lines answered OK."""
 
@@ -54,8 +59,9 @@ class LineProgress:
 
     Every line the worker hands to the engine is told (``started``, ``ended``), reported or not,
     so that it is known which run: the engine runs ``capacity`` lines (its ``max_running``; 0:
-    all) and the lines beyond it wait inside it, starting in the order they came as running ones
-    end (vLLM's order is about that).
+    all) and the lines beyond it wait inside it, starting as running ones end by their priority,
+    then in the order they came (vLLM's priority scheduling; all of one priority: first come,
+    first served).
 
     **The step time.** A step with ``n`` lines takes ``scale * cost(n)``, ``cost`` being the
     engine's ``StepCost`` (on a CPU about in proportion to ``n``, on a GPU nearly flat): a line
@@ -78,7 +84,11 @@ class LineProgress:
         self.capacity, self.cost = capacity, cost
         self._clock, self._wall = clock, wall
         self._lines: dict[str, _Line] = {}  # run id -> line
-        self._waiting: deque[str] = deque()  # run ids waiting inside the engine, in order
+        # Lines waiting inside the engine: (priority, arrival, run id), a heap; one that left is
+        # skipped when it comes up (``_waiters`` counts those still there).
+        self._waiting: list[tuple[int, int, str]] = []
+        self._arrivals = itertools.count()
+        self._waiters = 0
         self._running = 0
         self._integral = 0.0  # of the lines running over time, up to ``_integral_at``
         self._integral_at = clock()
@@ -96,13 +106,17 @@ class LineProgress:
         line.started, line.lines = now, integral
         self._running += 1
 
-    def started(self, run_id: str, batch_id: str | None = None, expected: int | None = None) -> None:
+    def started(
+        self, run_id: str, batch_id: str | None = None, expected: int | None = None, priority: int = 0
+    ) -> None:
         """A line was handed to the engine: of ``batch_id``, expected to generate ``expected``
-        tokens (None: not reported, but it takes a place all the same)."""
+        tokens (None: not reported, but it takes a place all the same), at ``priority`` (lower
+        starts first)."""
         now, integral = self._advance()
         line = self._lines[run_id] = _Line(batch_id, expected)
         if self.capacity and self._running >= self.capacity:
-            self._waiting.append(run_id)
+            heapq.heappush(self._waiting, (priority, next(self._arrivals), run_id))
+            self._waiters += 1
         else:
             self._start(line, now, integral)
         if batch_id is not None and expected is not None:
@@ -116,11 +130,14 @@ class LineProgress:
             return
         now, integral = self._advance()
         if line.started is None:
-            self._waiting.remove(run_id)
+            self._waiters -= 1  # its heap entry is skipped when it comes up
         else:
             self._running -= 1
             while self._waiting and (not self.capacity or self._running < self.capacity):
-                self._start(self._lines[self._waiting.popleft()], now, integral)
+                waiter = self._lines.get(heapq.heappop(self._waiting)[2])
+                if waiter is not None and waiter.started is None:
+                    self._waiters -= 1
+                    self._start(waiter, now, integral)
         if not answered or line.batch_id is None or line.expected is None:
             return
         finished = self._finished.setdefault(line.batch_id, _Finished())
@@ -176,26 +193,35 @@ class LineProgress:
 
     def _run_down(self, tokens: list[float], others: int, scale: float) -> float:
         """Seconds until the last of lines with ``tokens`` left ends, ``others`` running beside
-        them throughout: the shortest ends first, and each step after it holds one line fewer."""
+        them throughout: the shortest ends first, and each step after it holds one line fewer,
+        unless a line waiting inside the engine takes the place."""
         seconds, done, lines = 0.0, 0.0, len(tokens)
         for left in sorted(tokens):
-            seconds += (left - done) * scale * self.cost(lines + others)
+            on = lines + others + self._waiters
+            seconds += (left - done) * scale * self.cost(min(on, self.capacity) if self.capacity else on)
             done, lines = left, lines - 1
         return seconds
+
+
+async def report(mongo: Mongo, progress: LineProgress, worker: str) -> None:
+    """Write ``progress.reports()`` once, in at most ``REPORT_TIMEOUT_S``; a failure only logs (the
+    finished lines of a failed write are not written again: the estimate is an estimate). A
+    drained worker's last report says its lines have ended."""
+    try:
+        reports = progress.reports()
+        if reports:
+            write = BatchProgressStore(mongo.batches).engine_progress(worker_key(worker), reports)
+            await asyncio.wait_for(write, REPORT_TIMEOUT_S)
+    except (PyMongoError, TimeoutError) as exc:
+        log.warning("writing the engine's progress failed: %r", exc)
+    except Exception:
+        log.exception("reporting the engine's progress failed")
 
 
 async def report_forever(
     mongo: Mongo, progress: LineProgress, worker: str, interval_s: float = REPORT_INTERVAL_S
 ) -> None:
-    """Write ``progress.reports()`` every ``interval_s``; a database outage only logs (the
-    finished lines of a failed write are not written again: the estimate is an estimate)."""
-    store, key = BatchProgressStore(mongo.batches), worker_key(worker)
+    """``report`` every ``interval_s``."""
     while True:
         await asyncio.sleep(interval_s)
-        reports = progress.reports()
-        if not reports:
-            continue
-        try:
-            await store.engine_progress(key, reports)
-        except PyMongoError as exc:
-            log.warning("writing the engine's progress failed: %r", exc)
+        await report(mongo, progress, worker)

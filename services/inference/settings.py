@@ -112,7 +112,8 @@ class InferenceSettings(BaseSettings):
     step_cost: Literal["auto", "cpu", "gpu"] = "auto"
     """How the engine's steps cost with the lines in them, for the batches' estimated completion
     (``line_progress.py``): ``cpu`` in proportion to the lines, ``gpu`` nearly the same for one
-    line as for dozens. ``auto``: the vLLM engine's own platform; ``gpu`` for a remote server."""
+    line as for dozens. ``auto``: the vLLM engine's own platform; ``gpu`` for a remote server. The
+    ``sim`` engine uses its own cost model and the ``fake`` one its per-line times."""
     engine_stats: bool = True
     """vLLM's own statistics: its ``vllm:*`` Prometheus series on the worker's ``/metrics``
     (among them ``vllm:prefix_cache_queries``/``vllm:prefix_cache_hits``, the prefix-cache hit

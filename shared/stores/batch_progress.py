@@ -193,6 +193,10 @@ class BatchProgressStore:
                     "request_counts.failed": counts.failed,
                     "usage": dict(counts.usage),
                     "seen_lines": counts.seen_lines or b"",
+                    # The workers' reports counted lines whose results were lost, which run
+                    # again: the estimate counts lines from here (shared/completion_estimate.py).
+                    "expected_tokens": None,
+                    ENGINE_PROGRESS: {},
                 },
             },
             projection={"parts": 1, "mixed_models": 1},

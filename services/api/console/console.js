@@ -88,8 +88,8 @@ function fmtBytes(n) {
   return `${value.toFixed(value < 10 ? 1 : 0)} ${units[i]}`;
 }
 
-// Seconds left: the batch's own estimate (estimated_completion_at, from its rate over the last
-// minute) when it has one, else at its rate since it started; null when there is nothing to go on.
+// Seconds left: the batch's own estimate (estimated_completion_at: docs/api.md, "Estimated
+// completion") when it has one, else at its rate since it started; null when there is nothing to go on.
 function timeLeft(batch) {
   const c = batch.request_counts, done = c.completed + c.failed;
   if (terminal(batch.status) || !batch.in_progress_at || !c.total) return null;

@@ -187,16 +187,19 @@ class InputValidator:
             if body is not None:
                 self._enqueue(body, text, line.raw)
             length = expected_length(self.endpoint, body, self.default_length)
-            expected = self._report.expected_tokens
-            if body is not None and expected is not None:
-                self._report.expected_tokens = None if length == LONGEST else expected + length
+            runs = body is not None
             if self.order is not None:
                 self.order.add(line, text, length=length)
             elif self.parts is not None and body is not None:
                 model = body.get("model")
+                runs = False
                 if isinstance(model, str) and model:
                     known = self.known_models.get(model)
+                    runs = known is not None  # else refused (``model_not_found``): it never runs
                     self.parts.add(known.base if known else None, model, line, text, length)
+            expected = self._report.expected_tokens
+            if runs and expected is not None:
+                self._report.expected_tokens = None if length == LONGEST else expected + length
         return False
 
     def _report_repeats(self) -> None:

@@ -115,3 +115,18 @@ def test_a_one_model_batch_is_one_unit_on_its_base_model() -> None:
     assert (view.unit, view.model, view.total, view.part) == ("batch_1", "base", 10, None)
     (old,) = DispatchView.of_document(batch_document())  # stored before parts existed
     assert (old.unit, old.model) == ("batch_1", "base-a")
+
+
+async def test_the_expected_work_leaves_out_lines_naming_no_served_model() -> None:
+    """They are refused (``model_not_found``) and never run: the batch's estimated completion
+    must not wait for them."""
+
+    def capped(custom_id: str, model: str, cap: int) -> bytes:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": cap}
+        return json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}).encode()
+
+    items = [capped("1", "base", 10), capped("2", "nowhere", 500), capped("3", "base-a", 20)]
+    report, parts = await validate(items, mixed=True)
+    assert parts is not None
+    parts.close()
+    assert report.ok and report.expected_tokens == 30

@@ -112,3 +112,31 @@ def test_the_step_time_follows_the_last_lines() -> None:
         clock.now += 1.0
         progress.ended(f"fast{n}", answered=True, ok=True)
     assert progress.scale() == pytest.approx(0.1)
+
+
+def test_waiting_lines_start_by_priority_then_arrival() -> None:
+    clock = FakeClock()
+    progress = LineProgress(capacity=1, clock=clock)
+    progress.started("a", "first", 10, priority=0)
+    progress.started("b", "later", 10, priority=5)
+    progress.started("c", "urgent", 10, priority=1)  # came after b, starts before it
+    progress.started("d", "urgent", 10, priority=1)
+    progress.ended("c", answered=False)  # aborted while waiting: d is next of priority 1
+    clock.now += 1.0
+    progress.ended("a", answered=True, ok=True)
+    reports = progress.reports()
+    assert (reports["urgent"].running, reports["later"].running) == (1, 0)
+
+
+def test_a_freed_place_taken_by_a_waiting_line_keeps_the_steps_full() -> None:
+    clock = FakeClock()
+    progress = LineProgress(capacity=2, cost=CPU_STEPS, clock=clock)
+    progress.started("w", "warm", 10)
+    clock.now += 1.0
+    progress.ended("w", answered=True, ok=True)  # alone: 0.1 s a token
+    progress.started("short", "b", 10)
+    progress.started("long", "b", 100)
+    progress.started("next", "other", 10)  # waits: it takes short's place when short ends
+    report = progress.reports()["b"]
+    # Two lines a step throughout: 10 tokens of both (2 s), then 90 of long beside next (18 s).
+    assert report.longest_s == pytest.approx(20.0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import pytest
 
-from shared.completion_estimate import FRESH_S, EngineProgress, estimate, worker_key
+from shared.completion_estimate import FIELD, FRESH_S, EngineProgress, estimate, worker_key
 from shared.documents import BatchDocument
 from shared.protocol.openai import RequestCounts
 
@@ -22,14 +24,14 @@ def test_the_work_left_at_the_workers_rate_gives_the_end() -> None:
         "a": report(1_000.0, finished_tokens=1_000, running_tokens=400.0, rate=100.0, longest_s=3.0),
         "b": report(1_002.0, finished_tokens=2_000, running_tokens=600.0, rate=200.0, longest_s=5.0),
     }
-    at, lines, tokens = estimate(50, 10_000, reports, [1_001.0, 4.0])
+    at, lines, tokens = estimate(50, 10_000, reports, [1_001.0, 4.0], now=1_003.0)
     assert (at, lines, tokens) == (1_022, 4.0, 300.0)
 
 
 def test_the_longest_running_line_bounds_the_end() -> None:
     # Little work left but one line needs 30 s more: the batch cannot end before it does.
     reports = {"a": report(1_000.0, finished_tokens=9_000, running_tokens=900.0, rate=50.0, longest_s=30.0)}
-    assert estimate(1, 10_000, reports, None)[0] == 1_030
+    assert estimate(1, 10_000, reports, None, now=1_001.0)[0] == 1_030
 
 
 def test_a_stale_report_counts_its_finished_lines_only() -> None:
@@ -40,16 +42,26 @@ def test_a_stale_report_counts_its_finished_lines_only() -> None:
     }
     # 10,000 - 4,000 - 1,000 = 5,000 left at the live worker's 100/s; the gone one's rate, running
     # lines and their bound count for nothing.
-    assert estimate(10, 10_000, reports, None)[:3:2] == (1_050, 100.0)
+    assert estimate(10, 10_000, reports, None, now=1_000.5)[:3:2] == (1_050, 100.0)
+    # Once no worker has reported lately (the only one stopped), the lines decide.
+    later = 1_000.0 + FRESH_S + 1
+    assert estimate(10, 10_000, {"live": reports["live"]}, [later, 2.0], now=later)[:3:2] == (later + 5, None)
 
 
 def test_without_expected_work_or_a_worker_rate_the_line_rate_decides() -> None:
     by_lines = (2_031, 20.0, None)  # 600 lines at 20/s from 2,000.25, rounded up
     rate = [2_000.25, 20.0]
-    assert estimate(600, None, {"a": report(2_000.0, rate=100.0)}, rate) == by_lines  # a line without a cap
-    assert estimate(600, 10_000, None, rate) == by_lines  # no worker reported
-    assert estimate(600, 10_000, {"a": report(2_000.0, running=0)}, rate) == by_lines  # none running
-    assert estimate(600, 10_000, None, None) == (None, None, None)
+    now = 2_001.0
+    assert (
+        estimate(600, None, {"a": report(2_000.0, rate=100.0)}, rate, now) == by_lines
+    )  # a line without a cap
+    assert estimate(600, 10_000, None, rate, now) == by_lines  # no worker reported
+    assert estimate(600, 10_000, {"a": report(2_000.0, running=0)}, rate, now) == by_lines  # none running
+    assert estimate(600, 10_000, None, None, now) == (None, None, None)
+
+
+def test_the_reports_field_is_the_batch_document_s() -> None:
+    assert FIELD in BatchDocument.model_fields
 
 
 def test_worker_names_become_field_names() -> None:
@@ -75,9 +87,10 @@ def batch(
 
 
 def test_the_batch_object_shows_the_work_estimate_and_its_rate() -> None:
-    progress = {"w": report(1_000.0, finished_tokens=400, running_tokens=100.0, rate=25.0)}
+    at = time.time()
+    progress = {"w": report(at, finished_tokens=400, running_tokens=100.0, rate=25.0)}
     shown = batch(1_000, progress).public()
-    assert shown.estimated_completion_at == 1_020  # 500 tokens left at 25/s
+    assert shown.estimated_completion_at == math.ceil(at + 20)  # 500 tokens left at 25/s
     assert shown.estimated_rate_tokens_per_s == pytest.approx(25.0)
     assert shown.estimated_rate_lines_per_s is None  # the aggregator has not told it yet
     ended = batch(1_000, progress, status="completed").public()

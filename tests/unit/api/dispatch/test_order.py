@@ -243,6 +243,7 @@ def test_expected_length_reads_the_output_cap_or_the_batch_default() -> None:
     assert expected_length(chat_url, {"max_completion_tokens": 300, "max_tokens": 5}, 64) == 300
     assert expected_length(chat_url, {"max_tokens": 5}, 64) == 5
     assert expected_length("/v1/responses", {"max_output_tokens": 7}, None) == 7
+    assert expected_length("/v1/responses", {"max_tokens": 9}, 64) == 64  # not a Responses cap
     assert expected_length("/v1/messages", {"max_tokens": 9}, None) == 9  # Anthropic's required cap
     assert expected_length(chat_url, {"messages": []}, 64) == 64  # the batch's max_decoding_length
     assert expected_length(chat_url, {"max_tokens": "many"}, None) == LONGEST  # no cap: may run longest
