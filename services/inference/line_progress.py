@@ -36,8 +36,11 @@ log = logging.getLogger(__name__)
 REPORT_TIMEOUT_S = 2.0
 """A report not written by then is given up (a database that stops answering would hold it, and
 a draining worker's last one, for good)."""
-SPEED_LINES = 64
-"""The engine's step time is learnt from its last this many lines answered OK."""
+SPEED_LINES = 32
+"""The engine's step time is learnt from its last this many lines answered OK..."""
+MIN_SPEED_LINES = 8
+"""...once there are this many: the first lines of a busy engine carry the prefill of all the
+prompts that came with them, and alone they put the step time far too high."""
 
 
 @dataclass
@@ -85,10 +88,9 @@ class LineProgress:
         self._clock, self._wall = clock, wall
         self._lines: dict[str, _Line] = {}  # run id -> line
         # Lines waiting inside the engine: (priority, arrival, run id), a heap; one that left is
-        # skipped when it comes up (``_waiters`` counts those still there).
+        # skipped when it comes up.
         self._waiting: list[tuple[int, int, str]] = []
         self._arrivals = itertools.count()
-        self._waiters = 0
         self._running = 0
         self._integral = 0.0  # of the lines running over time, up to ``_integral_at``
         self._integral_at = clock()
@@ -116,7 +118,6 @@ class LineProgress:
         line = self._lines[run_id] = _Line(batch_id, expected)
         if self.capacity and self._running >= self.capacity:
             heapq.heappush(self._waiting, (priority, next(self._arrivals), run_id))
-            self._waiters += 1
         else:
             self._start(line, now, integral)
         if batch_id is not None and expected is not None:
@@ -129,14 +130,11 @@ class LineProgress:
         if line is None:
             return
         now, integral = self._advance()
-        if line.started is None:
-            self._waiters -= 1  # its heap entry is skipped when it comes up
-        else:
+        if line.started is not None:
             self._running -= 1
             while self._waiting and (not self.capacity or self._running < self.capacity):
                 waiter = self._lines.get(heapq.heappop(self._waiting)[2])
                 if waiter is not None and waiter.started is None:
-                    self._waiters -= 1
                     self._start(waiter, now, integral)
         if not answered or line.batch_id is None or line.expected is None:
             return
@@ -148,7 +146,9 @@ class LineProgress:
             self._runs.append((seconds, line.expected * self.cost((integral - line.lines) / seconds)))
 
     def scale(self) -> float | None:
-        """The step time's scale, lately; None before a line was answered."""
+        """The step time's scale, lately; None before ``MIN_SPEED_LINES`` lines were answered."""
+        if len(self._runs) < MIN_SPEED_LINES:
+            return None
         work = sum(w for _, w in self._runs)
         return sum(s for s, _ in self._runs) / work if work > 0 else None
 
@@ -193,12 +193,12 @@ class LineProgress:
 
     def _run_down(self, tokens: list[float], others: int, scale: float) -> float:
         """Seconds until the last of lines with ``tokens`` left ends, ``others`` running beside
-        them throughout: the shortest ends first, and each step after it holds one line fewer,
-        unless a line waiting inside the engine takes the place."""
+        them throughout: the shortest ends first, and each step after it holds one line fewer. A
+        bound from below: a line waiting inside the engine may take a freed place (and end in
+        its turn), which no count of it here could say without running the queue."""
         seconds, done, lines = 0.0, 0.0, len(tokens)
         for left in sorted(tokens):
-            on = lines + others + self._waiters
-            seconds += (left - done) * scale * self.cost(min(on, self.capacity) if self.capacity else on)
+            seconds += (left - done) * scale * self.cost(lines + others)
             done, lines = left, lines - 1
         return seconds
 

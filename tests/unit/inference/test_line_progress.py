@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.inference.engine import CPU_STEPS, LINE_TIMES
-from services.inference.line_progress import SPEED_LINES, LineProgress
+from services.inference.line_progress import MIN_SPEED_LINES, SPEED_LINES, LineProgress
 
 
 class FakeClock:
@@ -17,21 +17,30 @@ class FakeClock:
         return self.now
 
 
+def warm(progress: LineProgress, clock: FakeClock, seconds: float = 1.0) -> None:
+    """Enough lines of 10 tokens, one at a time, each ``seconds`` alone, for a step time."""
+    for n in range(MIN_SPEED_LINES):
+        progress.started(f"warm{n}", "warm", 10)
+        clock.now += seconds
+        progress.ended(f"warm{n}", answered=True, ok=True)
+
+
 def test_the_step_time_is_learnt_from_the_lines_answered_ok() -> None:
     clock = FakeClock()
     progress = LineProgress(cost=LINE_TIMES, clock=clock, wall=lambda: 5_000.0)
-    assert progress.scale() is None
-    progress.started("r1", "b", 100)
-    progress.started("r2", "b", 20)
-    clock.now += 2.0
-    progress.ended("r1", answered=True, ok=True)  # 100 tokens in 2 s
-    progress.ended("r2", answered=True, ok=False)  # refused: done, but says nothing of the time
+    for n in range(MIN_SPEED_LINES):
+        assert progress.scale() is None  # not before enough lines
+        progress.started(f"r{n}", "b", 100)
+        progress.started(f"refused{n}", "b", 20)
+        clock.now += 2.0
+        progress.ended(f"r{n}", answered=True, ok=True)  # 100 tokens in 2 s
+        progress.ended(f"refused{n}", answered=True, ok=False)  # done, but says nothing of the time
     assert progress.scale() == pytest.approx(0.02)
     first = progress.reports()["b"]
     assert (first.at, first.finished_lines, first.finished_tokens, first.running, first.rate) == (
         5_000.0,
-        2,
-        120,
+        2 * MIN_SPEED_LINES,
+        120 * MIN_SPEED_LINES,
         0,
         None,
     )
@@ -41,9 +50,7 @@ def test_the_step_time_is_learnt_from_the_lines_answered_ok() -> None:
 def test_on_a_cpu_lines_share_the_steps() -> None:
     clock = FakeClock()
     progress = LineProgress(cost=CPU_STEPS, clock=clock)
-    progress.started("w", "warm", 10)
-    clock.now += 1.0
-    progress.ended("w", answered=True, ok=True)  # alone: 0.1 s a token
+    warm(progress, clock)  # alone: 0.1 s a token
     progress.started("long", "b", 100)
     progress.started("short", "b", 5)
     progress.started("direct", None, None)  # a pipeline's request: not reported, but it runs
@@ -60,9 +67,7 @@ def test_on_a_cpu_lines_share_the_steps() -> None:
 def test_on_an_engine_of_line_times_the_longest_line_decides() -> None:
     clock = FakeClock()
     progress = LineProgress(cost=LINE_TIMES, clock=clock)
-    progress.started("w", "warm", 10)
-    clock.now += 1.0
-    progress.ended("w", answered=True, ok=True)  # 0.1 s a token, whatever runs beside it
+    warm(progress, clock)  # 0.1 s a token, whatever runs beside it
     for run, tokens in (("a", 40), ("b", 100), ("c", 70)):
         progress.started(run, "batch", tokens)
     clock.now += 1.0
@@ -74,6 +79,7 @@ def test_on_an_engine_of_line_times_the_longest_line_decides() -> None:
 def test_lines_beyond_the_engine_s_capacity_start_as_running_ones_end() -> None:
     clock = FakeClock()
     progress = LineProgress(capacity=2, cost=CPU_STEPS, clock=clock)
+    warm(progress, clock, seconds=2.5)  # 0.25 s a token alone
     for run in ("a", "b", "c"):  # c waits inside the engine
         progress.started(run, "batch", 10)
     clock.now += 1.0
@@ -81,8 +87,9 @@ def test_lines_beyond_the_engine_s_capacity_start_as_running_ones_end() -> None:
     progress.ended("a", answered=True, ok=True)  # c starts now
     clock.now += 4.0
     progress.ended("c", answered=True, ok=True)  # the 4 s it ran, not 5
-    # a and c each made 10 tokens on half the engine: 1 s and 4 s for 2 x 10 tokens of steps.
-    assert progress.scale() == pytest.approx(5 / 40)
+    # a and c each made 10 tokens on half the engine: 1 s and 4 s for 2 x 10 tokens of steps,
+    # beside the warm-up's 8 x 2.5 s for 8 x 10.
+    assert progress.scale() == pytest.approx((5 + 20) / (40 + 80))
     progress.started("d", "batch", 10)
     progress.started("e", "batch", 10)  # waits: b and d run
     progress.ended("e", answered=False)  # aborted while waiting
@@ -95,7 +102,7 @@ def test_a_line_that_leaves_unanswered_is_neither_finished_nor_timed() -> None:
     progress.started("r", "b", 50)
     clock.now += 1.0
     progress.ended("r", answered=False)  # aborted or preempted: it runs again
-    assert progress.scale() is None
+    assert progress.scale() is None and not progress._runs
     assert progress.reports() == {}
     progress.ended("unknown", answered=True, ok=True)  # not started here: ignored
 
@@ -126,17 +133,3 @@ def test_waiting_lines_start_by_priority_then_arrival() -> None:
     progress.ended("a", answered=True, ok=True)
     reports = progress.reports()
     assert (reports["urgent"].running, reports["later"].running) == (1, 0)
-
-
-def test_a_freed_place_taken_by_a_waiting_line_keeps_the_steps_full() -> None:
-    clock = FakeClock()
-    progress = LineProgress(capacity=2, cost=CPU_STEPS, clock=clock)
-    progress.started("w", "warm", 10)
-    clock.now += 1.0
-    progress.ended("w", answered=True, ok=True)  # alone: 0.1 s a token
-    progress.started("short", "b", 10)
-    progress.started("long", "b", 100)
-    progress.started("next", "other", 10)  # waits: it takes short's place when short ends
-    report = progress.reports()["b"]
-    # Two lines a step throughout: 10 tokens of both (2 s), then 90 of long beside next (18 s).
-    assert report.longest_s == pytest.approx(20.0)
