@@ -1,12 +1,11 @@
-"""A batch's observed completion rate (a fake clock) and the completion time the api derives."""
+"""A batch's observed completion rate, on a fake clock (the batch object's estimate from it:
+tests/unit/shared/test_completion_estimate.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from services.aggregator.completion_rate import CompletionRates
-from shared.documents import BatchDocument
-from shared.protocol.openai import RequestCounts
 
 
 class FakeClock:
@@ -56,27 +55,3 @@ def test_notes_are_thinned_to_about_one_a_second() -> None:
         rates.observe("b", step)
     assert len(rates._notes["b"]) <= 12
     assert rates.observe("b", 10_000) == pytest.approx(1_000, rel=0.15)
-
-
-def running(total: int, done: int, rate: list[float] | None, status: str = "in_progress") -> BatchDocument:
-    return BatchDocument.model_validate(
-        {
-            "_id": "b",
-            "endpoint": "/v1/chat/completions",
-            "input_file_id": "f",
-            "status": status,
-            "created_at": 1,
-            "request_counts": RequestCounts(total=total, completed=done - 1, failed=1).model_dump(),
-            "completion_rate": rate,
-        }
-    )
-
-
-def test_the_batch_shows_when_its_remaining_lines_end_at_its_rate() -> None:
-    shown = running(total=1_000, done=400, rate=[2_000.25, 20.0]).public()
-    assert shown.estimated_completion_at == 2_031  # 600 lines at 20/s from 2,000.25, rounded up
-    assert shown.estimated_rate_lines_per_s == 20.0
-    unknown = running(total=1_000, done=400, rate=None).public()
-    assert (unknown.estimated_completion_at, unknown.estimated_rate_lines_per_s) == (None, None)
-    ended = running(total=1_000, done=1_000, rate=[2_000.0, 20.0], status="completed").public()
-    assert (ended.estimated_completion_at, ended.estimated_rate_lines_per_s) == (None, None)

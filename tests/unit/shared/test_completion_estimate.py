@@ -69,9 +69,8 @@ def test_worker_names_become_field_names() -> None:
     assert worker_key("a$b") == "a_b"
 
 
-def batch(
-    expected_tokens: int | None, progress: dict[str, Any] | None, status: str = "in_progress"
-) -> BatchDocument:
+def batch(done: int, status: str = "in_progress", **fields: Any) -> BatchDocument:
+    """A batch of 1,000 lines, ``done`` of them with a result, stored with ``fields``."""
     return BatchDocument.model_validate(
         {
             "_id": "b",
@@ -79,19 +78,28 @@ def batch(
             "input_file_id": "f",
             "status": status,
             "created_at": 1,
-            "request_counts": RequestCounts(total=100, completed=40, failed=0).model_dump(),
-            "expected_tokens": expected_tokens,
-            "engine_progress": progress,
+            "request_counts": RequestCounts(total=1_000, completed=done - 1, failed=1).model_dump(),
+            **fields,
         }
     )
+
+
+def test_the_batch_object_shows_when_its_remaining_lines_end_at_its_rate() -> None:
+    shown = batch(400, completion_rate=[2_000.25, 20.0]).public()
+    assert shown.estimated_completion_at == 2_031  # 600 lines at 20/s from 2,000.25, rounded up
+    assert shown.estimated_rate_lines_per_s == 20.0
+    unknown = batch(400, completion_rate=None).public()
+    assert (unknown.estimated_completion_at, unknown.estimated_rate_lines_per_s) == (None, None)
+    ended = batch(1_000, status="completed", completion_rate=[2_000.0, 20.0]).public()
+    assert (ended.estimated_completion_at, ended.estimated_rate_lines_per_s) == (None, None)
 
 
 def test_the_batch_object_shows_the_work_estimate_and_its_rate() -> None:
     at = time.time()
     progress = {"w": report(at, finished_tokens=400, running_tokens=100.0, rate=25.0)}
-    shown = batch(1_000, progress).public()
+    shown = batch(40, expected_tokens=1_000, engine_progress=progress).public()
     assert shown.estimated_completion_at == math.ceil(at + 20)  # 500 tokens left at 25/s
     assert shown.estimated_rate_tokens_per_s == pytest.approx(25.0)
     assert shown.estimated_rate_lines_per_s is None  # the aggregator has not told it yet
-    ended = batch(1_000, progress, status="completed").public()
+    ended = batch(40, status="completed", expected_tokens=1_000, engine_progress=progress).public()
     assert (ended.estimated_completion_at, ended.estimated_rate_tokens_per_s) == (None, None)
